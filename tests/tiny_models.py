@@ -1,0 +1,55 @@
+"""Tiny random-weight Llama models with a shared word-level tokenizer, for fast deterministic tests.
+
+``make_tiny_model(dir, seed, ...)`` writes a Hugging Face model directory (config, weights,
+tokenizer) that ``tandem.models.load_causal_lm(dir)`` loads like any real model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TINY_VOCAB = 64
+SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2
+
+
+def tiny_words(vocab_size: int = TINY_VOCAB) -> list[str]:
+    return SPECIALS + [f"w{i}" for i in range(vocab_size - len(SPECIALS))]
+
+
+def make_tokenizer(vocab_size: int = TINY_VOCAB):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(tiny_words(vocab_size))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = "{% for m in messages %}<s> {{ m['content'] }} {% endfor %}"
+    return fast
+
+
+def make_tiny_model(out: Path, seed: int = 0, vocab_size: int = TINY_VOCAB, hidden: int = 32, layers: int = 2,
+                    heads: int = 4, kv_heads: int = 2, max_positions: int = 256, logit_scale: float = 1.0) -> Path:
+    """Saves a random LlamaForCausalLM + tokenizer to ``out`` and returns it.
+
+    ``logit_scale`` multiplies the output head so that distributions are more or less peaked.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         max_position_embeddings=max_positions, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+        model.lm_head.weight.mul_(logit_scale)
+    model.save_pretrained(out)
+    make_tokenizer(vocab_size).save_pretrained(out)
+    return out
