@@ -1,0 +1,28 @@
+"""gRPC boundary of the drafter: protobuf in, domain calls, protobuf out. Nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tandem.convert import draft_to_pb, info_to_pb, sampling_from_pb
+from tandem.pb import common_pb2, drafter_grpc, drafter_pb2
+from tandem.serving import abort_on_error
+
+
+class DrafterServicer(drafter_grpc.DrafterServicer):
+    def __init__(self, drafter):
+        self.drafter = drafter      # drafter_service.onnx_drafter.OnnxDrafter, or anything with its API
+        self._info = info_to_pb(drafter.info)
+
+    async def GetInfo(self, request, context):
+        return self._info
+
+    @abort_on_error
+    async def Propose(self, request, context):
+        proposal = await asyncio.to_thread(self.drafter.propose, request.session_id, request.prefix_length,
+                                           list(request.appended_tokens), request.k,
+                                           sampling_from_pb(request.sampling))
+        return drafter_pb2.Proposal(tokens=draft_to_pb(proposal.tokens), compute_ms=proposal.compute_ms)
+
+    async def EndSession(self, request, context):
+        return common_pb2.EndSessionReply(found=self.drafter.end_session(request.session_id))

@@ -1,0 +1,86 @@
+"""The client-facing gRPC servicer: GenerateRequest -> GenerateParams, Steps -> replies. Nothing else."""
+
+from __future__ import annotations
+
+import grpc
+
+from gateway.engine import Gateway, GenerateParams, IncompatibleDrafter
+from gateway.stats import RequestStats
+from tandem.convert import sampling_from_pb
+from tandem.pb import gateway_grpc, gateway_pb2
+
+
+def params_from_pb(req: gateway_pb2.GenerateRequest) -> GenerateParams:
+    return GenerateParams(prompt=req.prompt, prompt_ids=tuple(req.prompt_ids), chat=req.chat,
+                          max_tokens=req.max_tokens, sampling=sampling_from_pb(req.sampling),
+                          draft_length=req.draft_length, no_speculation=req.no_speculation,
+                          ignore_eos=req.ignore_eos)
+
+
+def stats_to_pb(s: RequestStats) -> gateway_pb2.GenerateStats:
+    return gateway_pb2.GenerateStats(
+        prompt_tokens=s.prompt_tokens, new_tokens=s.new_tokens, rounds=s.rounds, proposed=s.proposed,
+        accepted=s.accepted, mean_acceptance_length=s.mean_acceptance_length, acceptance_rate=s.acceptance_rate,
+        accepted_per_position=s.accepted_per_position, proposed_per_position=s.proposed_per_position,
+        ttft_ms=s.ttft_ms, total_ms=s.total_ms, draft_ms=s.draft_ms, verify_ms=s.verify_ms,
+        overhead_ms=s.overhead_ms, prefill_ms=s.prefill_ms, tokens_per_second=s.tokens_per_second,
+        speculative=s.speculative, fallback_reason=s.fallback_reason, draft_model=s.draft_model,
+        target_model=s.target_model,
+        round_stats=[gateway_pb2.RoundStats(index=r.index, k=r.k, proposed=r.proposed, accepted=r.accepted,
+                                            rejection_position=r.rejection_position, bonus=r.bonus,
+                                            draft_ms=r.draft_ms, verify_ms=r.verify_ms,
+                                            overhead_ms=r.overhead_ms, round_ms=r.round_ms)
+                     for r in s.round_log])
+
+
+class GatewayServicer(gateway_grpc.GatewayServicer):
+    def __init__(self, gateway: Gateway):
+        self.gateway = gateway
+
+    async def Generate(self, request, context):
+        params = params_from_pb(request)
+        stats = RequestStats()
+        token_ids: list[int] = []
+        text: list[str] = []
+        async with _errors_to_status(context):
+            async for step in self.gateway.generate(params, stats):
+                token_ids.extend(step.token_ids)
+                text.append(step.text)
+        return gateway_pb2.GenerateReply(text="".join(text), token_ids=token_ids,
+                                         finish_reason=self.gateway.finish_reason(token_ids, params),
+                                         stats=stats_to_pb(stats))
+
+    async def GenerateStream(self, request, context):
+        params = params_from_pb(request)
+        stats = RequestStats()
+        token_ids: list[int] = []
+        async with _errors_to_status(context):
+            async for step in self.gateway.generate(params, stats):
+                token_ids.extend(step.token_ids)
+                yield gateway_pb2.GenerateChunk(text=step.text, token_ids=step.token_ids)
+        yield gateway_pb2.GenerateChunk(finish_reason=self.gateway.finish_reason(token_ids, params),
+                                        stats=stats_to_pb(stats))
+
+
+class _errors_to_status:
+    """Async context manager mapping domain and upstream errors to the client's gRPC status."""
+
+    def __init__(self, context: grpc.aio.ServicerContext):
+        self.context = context
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb):
+        if exc is None:
+            return False
+        if isinstance(exc, ValueError):
+            await self.context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if isinstance(exc, IncompatibleDrafter):
+            await self.context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        if isinstance(exc, grpc.aio.AioRpcError):   # from the verifier
+            code = exc.code()
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                code = grpc.StatusCode.UNAVAILABLE
+            await self.context.abort(code, f"verifier: {exc.details()}")
+        return False

@@ -1,0 +1,186 @@
+"""One request from prompt to text: tokenize, validate, check the drafter, run the rounds, free sessions.
+
+Domain only: the gRPC client-facing servicer (``gateway.api``) converts protobuf to a
+``GenerateParams`` and a stream of ``Step`` back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from gateway.ports import DrafterUnavailable
+from gateway.rounds import Request, Round, generate_rounds
+from gateway.stats import RequestStats
+from tandem.types import ModelInfo, SamplingParams
+
+
+class IncompatibleDrafter(Exception):
+    """Drafter and target do not share a vocabulary: speculation is refused."""
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    prompt: str = ""
+    prompt_ids: tuple[int, ...] = ()
+    chat: bool = False
+    max_tokens: int = 128
+    sampling: SamplingParams = SamplingParams()
+    draft_length: int = 0           # 0: the gateway's default
+    no_speculation: bool = False
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one round adds for the client: token ids and the text they complete."""
+
+    round: Round
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@dataclass
+class GatewayConfig:
+    draft_length: int = 4
+    max_draft_length: int = 32
+    max_tokens_limit: int = 4096
+    no_speculation: bool = False          # gateway-wide default
+    drafter_retry_s: float = 5.0          # wait before asking a failed drafter again
+
+
+def build_tokenizer(target_info):
+    """A transformers fast tokenizer rebuilt from the verifier's tokenizer JSON and chat template."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(target_info.tokenizer_json),
+                                  bos_token=target_info.bos_token or None, eos_token=target_info.eos_token or None)
+    if target_info.chat_template:
+        tok.chat_template = target_info.chat_template
+    return tok
+
+
+class Gateway:
+    def __init__(self, verifier, drafter, target_info, config: GatewayConfig):
+        """verifier: VerifierPort (+ target_info from its GetInfo); drafter: DrafterPort or None."""
+        self.verifier = verifier
+        self.drafter = drafter
+        self.config = config
+        self.target: ModelInfo = target_info.model if hasattr(target_info, "model") else target_info
+        self.tokenizer = build_tokenizer(target_info)
+        self._drafter_info: ModelInfo | None = None
+        self._drafter_down_since: float | None = None
+        self.drafter_down_reason = ""
+
+    # ---- the drafter's health and compatibility ----------------------------------------------
+    async def usable_drafter(self):
+        """The drafter if it is up and shares the target's vocabulary; None (with a reason) if down."""
+        if self.drafter is None:
+            return None
+        now = time.monotonic()
+        if self._drafter_down_since is not None and now - self._drafter_down_since < self.config.drafter_retry_s:
+            return None
+        if self._drafter_info is None:
+            try:
+                info = await self.drafter.info()
+            except DrafterUnavailable as exc:
+                self.mark_drafter_down(str(exc))
+                return None
+            if info.vocab_hash != self.target.vocab_hash:
+                raise IncompatibleDrafter(
+                    f"the drafter ({info.model_name}, vocab {info.vocab_size}, {info.vocab_hash[:19]}…) does not "
+                    f"share the target's vocabulary ({self.target.model_name}, vocab {self.target.vocab_size}, "
+                    f"{self.target.vocab_hash[:19]}…): export a drafter with the target's tokenizer, or use "
+                    "--no-speculation")
+            self._drafter_info = info
+        self._drafter_down_since = None
+        self.drafter_down_reason = ""
+        return self.drafter
+
+    def mark_drafter_down(self, reason: str) -> None:
+        self._drafter_down_since = time.monotonic()
+        self._drafter_info = None           # re-check compatibility when it is back (it may be another model)
+        self.drafter_down_reason = reason
+
+    @property
+    def drafter_name(self) -> str:
+        return self._drafter_info.model_name if self._drafter_info else ""
+
+    # ---- a request ---------------------------------------------------------------------------
+    def prompt_ids(self, params: GenerateParams) -> list[int]:
+        if params.prompt_ids:
+            return list(params.prompt_ids)
+        if not params.prompt.strip():
+            raise ValueError("the prompt is empty")
+        if params.chat:
+            if not self.tokenizer.chat_template:
+                raise ValueError("the target has no chat template; send the prompt without --chat")
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": params.prompt}],
+                                                      add_generation_prompt=True, tokenize=False)
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(params.prompt)["input_ids"]
+
+    def validate(self, params: GenerateParams, prompt_ids: list[int]) -> int:
+        """Checks the request; returns the draft length k to use."""
+        limit = self.config.max_tokens_limit
+        if not 1 <= params.max_tokens <= limit:
+            raise ValueError(f"max_tokens must be between 1 and {limit}, got {params.max_tokens}")
+        params.sampling.validate()
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) >= self.target.max_context:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens, longer than the target's context of "
+                             f"{self.target.max_context} tokens")
+        if not 0 <= params.draft_length <= self.config.max_draft_length:
+            raise ValueError(f"draft_length must be between 0 (default) and {self.config.max_draft_length}")
+        return params.draft_length or self.config.draft_length
+
+    async def generate(self, params: GenerateParams, stats: RequestStats) -> AsyncIterator[Step]:
+        """Runs one request; yields a Step per round (the prefill first). Frees both sessions at the end,
+        also when the client goes away (the generator is closed / cancelled)."""
+        prompt_ids = self.prompt_ids(params)
+        k = self.validate(params, prompt_ids)
+        speculate = not (params.no_speculation or self.config.no_speculation)
+        drafter = await self.usable_drafter() if speculate else None
+        stats.prompt_tokens = len(prompt_ids)
+        stats.target_model = self.target.model_name
+        stats.speculative = drafter is not None
+        stats.draft_model = self.drafter_name if drafter is not None else ""
+        if speculate and drafter is None:
+            stats.fallback_reason = self.drafter_down_reason or "no drafter configured"
+        request = Request(session_id=uuid.uuid4().hex, prompt_ids=tuple(prompt_ids),
+                          max_tokens=min(params.max_tokens, self.target.max_context - len(prompt_ids)),
+                          sampling=params.sampling, k=k if drafter is not None else 0,
+                          eos_token_ids=frozenset() if params.ignore_eos else frozenset(self.target.eos_token_ids),
+                          max_context=self.target.max_context)
+        generated: list[int] = []
+        text = ""
+        try:
+            async for rnd in generate_rounds(request, self.verifier, drafter):
+                stats.add(rnd)
+                if rnd.fallback_reason:
+                    self.mark_drafter_down(rnd.fallback_reason)
+                generated.extend(rnd.tokens)
+                full = self.tokenizer.decode(generated, skip_special_tokens=True)
+                # Hold back a trailing partial UTF-8 character until the next round completes it.
+                stable = full[:-1] if full.endswith("\ufffd") else full
+                delta, text = stable[len(text):], stable if len(stable) >= len(text) else text
+                yield Step(rnd, rnd.tokens, delta)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._end_sessions(request.session_id, drafter))
+            stats.finish()
+
+    async def _end_sessions(self, session_id: str, drafter) -> None:
+        ends = [self.verifier.end(session_id)]
+        if drafter is not None:
+            ends.append(drafter.end(session_id))
+        await asyncio.gather(*ends, return_exceptions=True)
+
+    def finish_reason(self, generated: list[int], params: GenerateParams) -> str:
+        return "stop" if generated and generated[-1] in self.target.eos_token_ids and not params.ignore_eos else "length"

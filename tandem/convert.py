@@ -1,0 +1,38 @@
+"""to_pb / from_pb for the types the services share. The only place domain <-> protobuf happens
+for common types; servicers and clients call these and nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tandem.pb import common_pb2
+from tandem.types import DraftToken, ModelInfo, SamplingParams
+
+
+def sampling_from_pb(msg: common_pb2.SamplingParams) -> SamplingParams:
+    return SamplingParams(temperature=msg.temperature, top_k=msg.top_k,
+                          top_p=msg.top_p if msg.top_p != 0.0 else 1.0,
+                          seed=msg.seed if msg.has_seed else None)
+
+
+def sampling_to_pb(params: SamplingParams) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                                     seed=params.seed or 0, has_seed=params.seed is not None)
+
+
+def draft_from_pb(tokens: Iterable[common_pb2.DraftToken]) -> list[DraftToken]:
+    return [DraftToken(t.token_id, tuple(t.support_ids), tuple(t.support_probs)) for t in tokens]
+
+
+def draft_to_pb(tokens: Iterable[DraftToken]) -> list[common_pb2.DraftToken]:
+    return [common_pb2.DraftToken(token_id=t.token_id, support_ids=t.support_ids, support_probs=t.support_probs)
+            for t in tokens]
+
+
+def info_from_pb(msg: common_pb2.ModelInfo) -> ModelInfo:
+    return ModelInfo(msg.model_name, msg.vocab_size, msg.vocab_hash, msg.max_context, tuple(msg.eos_token_ids))
+
+
+def info_to_pb(info: ModelInfo) -> common_pb2.ModelInfo:
+    return common_pb2.ModelInfo(model_name=info.model_name, vocab_size=info.vocab_size, vocab_hash=info.vocab_hash,
+                                max_context=info.max_context, eos_token_ids=list(info.eos_token_ids))

@@ -1,0 +1,46 @@
+"""Where the default drafter comes from.
+
+1. The drafter distilled for the default target and shipped in this repository
+   (``drafters/smollm2-135m-instruct/``, made by ``tandem distill``; see its README.md).
+2. Otherwise the default target itself exported to ONNX into the user cache (acceptance near 100 %
+   when greedy: an end-to-end check, not a speedup). Exporting needs torch, so it happens on first
+   use on a machine that has it; a drafter-only machine is told how to get a drafter.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from tandem.pb import PACKAGE_ROOT
+
+SHIPPED_DRAFTER = PACKAGE_ROOT / "drafters" / "smollm2-135m-instruct"
+CACHE_DIR = Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem"))
+SELF_DRAFTER = CACHE_DIR / "drafters" / "smollm2-135m-instruct-self"
+
+
+def resolve_drafter(spec: str | None) -> Path:
+    """'default' (or empty) -> the default drafter's directory; anything else is a path used as is."""
+    if spec and spec != "default":
+        path = Path(spec).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"drafter {spec!r} not found (give an .onnx file or a directory holding model.onnx)")
+        return path
+    if (SHIPPED_DRAFTER / "model.onnx").exists():
+        return SHIPPED_DRAFTER
+    if (SELF_DRAFTER / "model.onnx").exists():
+        return SELF_DRAFTER
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise FileNotFoundError(
+            "no default drafter here and torch is missing to make one: copy a drafter directory "
+            "(model.onnx + drafter.json) to this machine and pass --drafter DIR, or run "
+            "`tandem export-drafter --model default --out DIR` where torch is installed") from exc
+    from tandem.export import export_drafter
+
+    print(f"[tandem] first use: exporting the default target to ONNX as the drafter ({SELF_DRAFTER})",
+          file=sys.stderr, flush=True)
+    export_drafter("default", SELF_DRAFTER, check=True)
+    return SELF_DRAFTER

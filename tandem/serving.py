@@ -1,0 +1,108 @@
+"""Running a gRPC service: an aio server with health checking, reflection, explicit message-size
+limits, keepalive, and a graceful stop on SIGINT/SIGTERM (in-flight calls get a grace period)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024   # tokenizer JSON travels in GetInfo (a few MB)
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+ERROR_KIND_KEY = "tandem-error"
+
+
+def abort_on_error(method: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
+    """Maps domain exceptions to gRPC status codes with the exception's message.
+
+    ValueError / KeyError (bad input, unknown session) -> INVALID_ARGUMENT,
+    OverflowError-like capacity errors (RuntimeError 'too many') -> RESOURCE_EXHAUSTED.
+    """
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context: grpc.aio.ServicerContext):
+        try:
+            return await method(self, request, context)
+        except (ValueError, KeyError) as exc:
+            kind = type(exc).__name__
+            context.set_trailing_metadata(((ERROR_KIND_KEY, kind),))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except RuntimeError as exc:
+            if "too many" in str(exc):
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            raise
+
+    return wrapper
+
+
+class Service:
+    """A started aio server. ``port`` is the bound port (useful with port 0)."""
+
+    def __init__(self, server: grpc.aio.Server, port: int, health_servicer: health.aio.HealthServicer | None = None):
+        self.server, self.port, self.health = server, port, health_servicer
+
+    async def stop(self, grace: float = 5.0) -> None:
+        await self.server.stop(grace)
+
+
+async def start_service(name: str, register: Callable[[grpc.aio.Server], None], service_names: Sequence[str],
+                        host: str = "127.0.0.1", port: int = 0, interceptors: Sequence = ()) -> Service:
+    """Builds, binds and starts a server; ``register`` adds the servicers to it."""
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
+    register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    bound = server.add_insecure_port(address)
+    if bound == 0:
+        raise OSError(f"{name}: cannot listen on {address} (port in use?)")
+    await server.start()
+    for svc in ("", *service_names):
+        await health_servicer.set(svc, health_pb2.HealthCheckResponse.SERVING)
+    return Service(server, bound, health_servicer)
+
+
+async def run_until_signalled(service: Service, name: str, grace: float = 5.0, port_file: str | None = None,
+                              on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Announces the port, waits for SIGINT/SIGTERM, then stops gracefully."""
+    print(f"[tandem] {name} listening on port {service.port}", file=sys.stderr, flush=True)
+    if port_file:
+        Path(port_file).write_text(str(service.port))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print(f"[tandem] {name} stopping (grace {grace:.0f}s)", file=sys.stderr, flush=True)
+    if service.health is not None:
+        await service.health.enter_graceful_shutdown()
+    if on_stop is not None:
+        await on_stop()
+    await service.stop(grace)

@@ -1,0 +1,6 @@
+"""The verifier: the target model (PyTorch + transformers) with a KV cache per session.
+
+``target.Target`` prefills prompts and verifies draft blocks in one forward pass each,
+``acceptance`` holds the exactness rule, ``kv_cache`` the sessions and the rollback,
+``servicer``/``server`` the gRPC boundary.
+"""

@@ -1,0 +1,73 @@
+"""The exactness rule of speculative decoding (Leviathan et al. 2023; Chen et al. 2023).
+
+Terms (DESIGN.md):
+  * draft block: k tokens x_1..x_k proposed by the drafter, x_i drawn from ``draft_probs`` q_i;
+  * ``target_probs`` p_i: the target's warped distribution at draft position i (p_{k+1} is the
+    distribution after the whole block);
+  * accepted: the longest prefix of the block the target keeps;
+  * recovered token: emitted at the first rejected position i, drawn from norm(max(p_i - q_i, 0));
+  * bonus token: emitted after a fully accepted block, drawn from p_{k+1}.
+
+Random path: accept x_i with probability min(1, p_i(x_i) / q_i(x_i)). The emitted tokens are then
+distributed exactly as if sampled from the target alone, provided q_i is the distribution x_i was
+really drawn from. Greedy path (temperature 0): accept while x_i == argmax p_i; the recovered token
+is that argmax, the bonus token argmax p_{k+1}. The two paths are kept apart on purpose.
+
+Nothing here knows about sessions, caches or gRPC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    accepted: int      # number of draft tokens kept (a prefix of the block)
+    next_token: int    # recovered token (first rejection) or bonus token (all accepted)
+    bonus: bool        # True iff the block was non-empty and fully accepted
+
+
+def accept_greedy(target_logits: torch.Tensor, draft_ids: Sequence[int]) -> Acceptance:
+    """target_logits [k+1, V] (raw), draft_ids [k] -> Acceptance. Deterministic."""
+    k = len(draft_ids)
+    target_ids = torch.argmax(target_logits, dim=-1).tolist()            # [k+1]
+    accepted = 0
+    while accepted < k and draft_ids[accepted] == target_ids[accepted]:
+        accepted += 1
+    # Position `accepted` holds the recovered token (mismatch) or the bonus token (all accepted).
+    return Acceptance(accepted, int(target_ids[accepted]), bonus=k > 0 and accepted == k)
+
+
+def accept_random(target_probs: torch.Tensor, draft_ids: Sequence[int], draft_probs: torch.Tensor,
+                  generator: torch.Generator) -> Acceptance:
+    """Speculative sampling over one block.
+
+    target_probs [k+1, V]: p_1..p_{k+1} (warped, rows sum to 1)
+    draft_ids    [k]:      x_1..x_k
+    draft_probs  [k, V]:   q_1..q_k, the distributions x_i were drawn from (dense; 0 off-support)
+    """
+    k = len(draft_ids)
+    if k:
+        idx = torch.arange(k)
+        ids = torch.as_tensor(list(draft_ids), dtype=torch.long)
+        p_x = target_probs[idx, ids]                                      # [k]  p_i(x_i)
+        q_x = draft_probs[idx, ids]                                       # [k]  q_i(x_i)
+        u = torch.rand(k, generator=generator, dtype=torch.float64)       # [k]  one uniform per position
+        # accept x_i  <=>  u_i < p_i(x_i) / q_i(x_i)  (<=> u_i * q < p, safe when q == 0)
+        accept = (u * q_x.double()) < p_x.double()                        # [k]
+        rejected = (~accept).nonzero()
+        if len(rejected):
+            i = int(rejected[0])
+            residual = torch.clamp(target_probs[i] - draft_probs[i], min=0.0)   # [V]  max(p_i - q_i, 0)
+            total = residual.sum()
+            # total == 0 only if p_i == q_i, where rejection has probability 0; fall back to p_i.
+            dist = residual / total if total > 0 else target_probs[i]
+            recovered = torch.multinomial(dist, 1, generator=generator)
+            return Acceptance(i, int(recovered), bonus=False)
+    bonus = torch.multinomial(target_probs[k], 1, generator=generator)     # from p_{k+1}
+    return Acceptance(k, int(bonus), bonus=k > 0)
+

@@ -1,0 +1,40 @@
+"""gRPC boundary of the verifier: protobuf in, domain calls, protobuf out. Nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tandem.convert import draft_from_pb, info_to_pb, sampling_from_pb
+from tandem.pb import common_pb2, verifier_grpc, verifier_pb2
+from tandem.serving import abort_on_error
+from verifier_service.target import Target
+
+
+class VerifierServicer(verifier_grpc.VerifierServicer):
+    def __init__(self, target: Target):
+        self.target = target
+        tok = target.tokenizer
+        backend = getattr(tok, "backend_tokenizer", None) or getattr(tok, "_tokenizer", None)
+        self._info = verifier_pb2.TargetInfo(
+            model=info_to_pb(target.info),
+            tokenizer_json=backend.to_str() if backend is not None else "",
+            chat_template=tok.chat_template or "",
+            bos_token=tok.bos_token or "", eos_token=tok.eos_token or "")
+
+    async def GetInfo(self, request, context):
+        return self._info
+
+    @abort_on_error
+    async def StartSession(self, request, context):
+        first, ms = await asyncio.to_thread(self.target.start, request.session_id, list(request.prompt_ids),
+                                            sampling_from_pb(request.sampling))
+        return verifier_pb2.StartSessionReply(first_token=first, compute_ms=ms)
+
+    @abort_on_error
+    async def Verify(self, request, context):
+        outcome = await asyncio.to_thread(self.target.verify, request.session_id, draft_from_pb(request.draft))
+        return verifier_pb2.VerifyReply(accepted=outcome.accepted, next_token=outcome.next_token,
+                                        bonus=outcome.bonus, compute_ms=outcome.compute_ms)
+
+    async def EndSession(self, request, context):
+        return common_pb2.EndSessionReply(found=self.target.end(request.session_id))
