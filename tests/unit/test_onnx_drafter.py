@@ -1,0 +1,215 @@
+"""drafter_service.onnx_drafter: proposals, KV rollback, sampling, sessions, errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from drafter_service.onnx_drafter import OnnxDrafter, UnknownSessionError
+from drafter_service.sessions import SessionStore
+from tandem.types import SamplingParams
+
+PROMPT = [1, 12, 40, 7, 33, 5, 60, 21]
+SAMPLED = SamplingParams(temperature=1.0, top_p=0.95, seed=7)
+
+
+@pytest.fixture
+def drafter(tiny_drafter_onnx) -> OnnxDrafter:
+    return OnnxDrafter(tiny_drafter_onnx, threads=1, providers=["CPUExecutionProvider"], support_size=16)
+
+
+def torch_greedy(model_dir, context, n):
+    torch = pytest.importorskip("torch")
+    from tandem.models import load_causal_lm
+
+    model, _, _ = load_causal_lm(model_dir)
+    ids = list(context)
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+            ids.append(int(torch.argmax(logits)))
+    return ids[len(context):]
+
+
+def test_info(drafter, tiny_drafter_onnx):
+    meta = json.loads((tiny_drafter_onnx / "drafter.json").read_text())
+    info = drafter.info
+    assert info.vocab_size == 64 and info.max_context == 256 and info.eos_token_ids == (2,)
+    assert info.vocab_hash == meta["vocab_hash"] and info.vocab_hash.startswith("sha256:")
+
+
+def test_greedy_equals_torch_greedy(drafter, tiny_drafter_dir):
+    want = torch_greedy(tiny_drafter_dir, PROMPT, 6)
+    p = drafter.propose("s", 0, PROMPT, 6, SamplingParams())
+    assert p.token_ids == want
+    assert all(t.support_ids == () and t.support_probs == () for t in p.tokens)
+    assert p.compute_ms > 0
+    # accept 2 drafts + a correction: the drafter continues from the new context like torch does
+    context = PROMPT + want[:2] + [9]
+    p2 = drafter.propose("s", len(PROMPT), want[:2] + [9], 4)
+    assert p2.token_ids == torch_greedy(tiny_drafter_dir, context, 4)
+
+
+def test_rollback_equals_fresh_session(drafter):
+    drafter.propose("a", 0, PROMPT, 5)
+    drafter.propose("a", len(PROMPT), [3, 4], 5)               # context PROMPT+[3,4], KV holds 4 drafts more
+    got = drafter.propose("a", 5, [50, 51, 52], 5)              # shorter prefix, different tokens
+    fresh = drafter.propose("b", 0, PROMPT[:5] + [50, 51, 52], 5)
+    assert got.token_ids == fresh.token_ids
+    # prefix_length 0 on a known session replaces its context
+    again = drafter.propose("a", 0, PROMPT, 5)
+    assert again.token_ids == drafter.propose("c", 0, PROMPT, 5).token_ids
+    # empty append: the same context proposes the same greedy block
+    assert drafter.propose("a", len(PROMPT), [], 5).token_ids == again.token_ids
+
+
+def test_accepting_every_draft_reuses_the_cache(drafter):
+    first = drafter.propose("s", 0, PROMPT, 4)
+    # all 4 accepted + bonus token 11: the KV for PROMPT + 3 drafts is reused
+    got = drafter.propose("s", len(PROMPT), first.token_ids + [11], 4)
+    assert got.token_ids == drafter.propose("f", 0, PROMPT + first.token_ids + [11], 4).token_ids
+
+
+def test_sampled_support_and_reproducibility(drafter):
+    p = drafter.propose("x", 0, PROMPT, 5, SAMPLED)
+    assert len(p.tokens) == 5
+    for t in p.tokens:
+        assert 1 <= len(t.support_ids) <= 16 and len(t.support_ids) == len(t.support_probs)
+        assert t.token_id in t.support_ids
+        assert abs(sum(t.support_probs) - 1.0) < 1e-5
+        assert all(q > 0 for q in t.support_probs) and list(t.support_probs) == sorted(t.support_probs, reverse=True)
+        assert all(0 <= i < 64 for i in t.support_ids)
+        np.float32(t.support_probs[0])  # float32 values, as sent
+    q = drafter.propose("y", 0, PROMPT, 5, SAMPLED)
+    assert q.tokens == p.tokens                       # same seed, same context: same block and same q
+    r = drafter.propose("z", 0, PROMPT, 5, SamplingParams(temperature=1.0, top_p=0.95, seed=8))
+    assert r.tokens[0].support_probs == p.tokens[0].support_probs  # q depends on the context only
+    later = [drafter.propose("x", len(PROMPT), [], 5, SAMPLED).token_ids for _ in range(4)]
+    assert len({tuple(t) for t in later + [p.token_ids]}) > 1     # the session's generator advances
+
+
+def test_samples_follow_the_reported_distribution(drafter):
+    sampling = SamplingParams(temperature=1.5, top_k=6, seed=3)
+    first = drafter.propose("d", 0, PROMPT, 1, sampling).tokens[0]
+    q = dict(zip(first.support_ids, first.support_probs))
+    n = 1500
+    counts = {}
+    for _ in range(n):
+        t = drafter.propose("d", len(PROMPT), [], 1, sampling).tokens[0]
+        assert t.support_ids == first.support_ids  # same context: same q (up to float rounding of the
+        np.testing.assert_allclose(t.support_probs, first.support_probs, atol=1e-5)  # re-fed last token)
+        counts[t.token_id] = counts.get(t.token_id, 0) + 1
+    assert set(counts) <= set(q)
+    tv = 0.5 * sum(abs(counts.get(i, 0) / n - p) for i, p in q.items())
+    assert tv < 0.06
+
+
+def test_draft_vocab_mapping(tiny_drafter_onnx, tmp_path):
+    """A drafter with draft_vocab maps logit indices to target ids (here a permutation)."""
+    for f in ("model.onnx", "drafter.json"):
+        shutil.copy(tiny_drafter_onnx / f, tmp_path / f)
+    perm = np.random.default_rng(0).permutation(64).astype(np.int64)
+    np.save(tmp_path / "draft_vocab.npy", perm)
+    meta = json.loads((tmp_path / "drafter.json").read_text())
+    meta["draft_vocab"] = "draft_vocab.npy"
+    (tmp_path / "drafter.json").write_text(json.dumps(meta))
+    plain = OnnxDrafter(tiny_drafter_onnx, threads=1, providers=["CPUExecutionProvider"])
+    mapped = OnnxDrafter(tmp_path, threads=1, providers=["CPUExecutionProvider"])
+    assert mapped.propose("s", 0, PROMPT, 1).token_ids == [int(perm[plain.propose("s", 0, PROMPT, 1).token_ids[0]])]
+    a = plain.propose("t", 0, PROMPT, 1, SAMPLED).tokens[0]
+    b = mapped.propose("t", 0, PROMPT, 1, SAMPLED).tokens[0]
+    assert list(b.support_ids) == [int(perm[i]) for i in a.support_ids] and b.support_probs == a.support_probs
+
+
+def test_without_metadata_reads_shapes_from_the_graph(tiny_drafter_onnx, tmp_path, drafter):
+    shutil.copy(tiny_drafter_onnx / "model.onnx", tmp_path / "model.onnx")
+    bare = OnnxDrafter(tmp_path / "model.onnx", threads=1, providers=["CPUExecutionProvider"])
+    assert bare.info.vocab_size == 64 and bare.info.vocab_hash == "" and bare.info.max_context == 0
+    assert bare.propose("s", 0, PROMPT, 3).token_ids == drafter.propose("s", 0, PROMPT, 3).token_ids
+
+
+def test_unknown_session(drafter):
+    with pytest.raises(UnknownSessionError, match="prefix_length 0"):
+        drafter.propose("nope", 3, [4], 2)
+    drafter.propose("s", 0, PROMPT, 2)
+    with pytest.raises(UnknownSessionError):
+        drafter.propose("s", len(PROMPT) + 1, [4], 2)  # longer than what it knows (drafts don't count)
+    assert issubclass(UnknownSessionError, KeyError)
+    assert drafter.end_session("s") is True and drafter.end_session("s") is False
+    with pytest.raises(KeyError):
+        drafter.propose("s", 2, [4], 2)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(appended_tokens=[1, 64], k=2), "vocabulary"),
+    (dict(appended_tokens=[-1], k=2), "vocabulary"),
+    (dict(appended_tokens=[1, 2], k=0), "k must be"),
+    (dict(appended_tokens=[], k=2), "empty context"),
+    (dict(appended_tokens=list(range(3, 63)) * 5, k=2), "max_context"),
+])
+def test_bad_arguments(drafter, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        drafter.propose("s", 0, **kwargs)
+
+
+def test_bad_sampling_params(drafter):
+    with pytest.raises(ValueError):
+        drafter.propose("s", 0, PROMPT, 2, SamplingParams(temperature=1.0, top_p=0.0))
+
+
+def test_session_accounting_and_eviction(drafter):
+    assert drafter.session_count() == 0 and drafter.kv_bytes() == 0
+    drafter.propose("a", 0, PROMPT, 3)
+    drafter.propose("b", 0, PROMPT[:4], 3)
+    assert drafter.session_count() == 2
+    # 1 layer x (key + value) x 1 KV head x head_dim 8 x float32, for context + k-1 drafts
+    assert drafter.kv_bytes() == 2 * 8 * 4 * ((len(PROMPT) + 2) + (4 + 2))
+    assert drafter.evict_idle() == []
+    import time
+    assert sorted(drafter.evict_idle(time.monotonic() + 10_000)) == ["a", "b"]
+    assert drafter.session_count() == 0 and drafter.kv_bytes() == 0
+
+
+def test_session_store_ttl_with_fake_clock():
+    now = [0.0]
+    store = SessionStore(ttl_s=10, max_sessions=2, size_of=len, clock=lambda: now[0])
+    store.get_or_create("a", lambda: [1, 2])
+    now[0] = 5
+    store.get_or_create("b", lambda: [3])
+    assert store.total_bytes() == 3 and len(store) == 2
+    with pytest.raises(RuntimeError, match="too many"):
+        store.get_or_create("c", list)
+    now[0] = 12
+    assert store.get("b") == [3]              # refreshes b
+    assert store.evict_idle() == ["a"]
+    store.get_or_create("c", list)            # room again
+    assert store.evict_idle(now=30) == ["b", "c"]
+
+
+def test_drafter_service_imports_no_torch(tiny_drafter_onnx):
+    code = textwrap.dedent(f"""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("torch", "transformers"):
+                    raise ImportError("blocked: " + name)
+        sys.meta_path.insert(0, Block())
+        import drafter_service, drafter_service.sampling, drafter_service.sessions
+        from drafter_service.onnx_drafter import OnnxDrafter
+        from tandem.types import SamplingParams
+        d = OnnxDrafter({str(tiny_drafter_onnx)!r}, threads=1, providers=["CPUExecutionProvider"])
+        p = d.propose("s", 0, [1, 2, 3], 2, SamplingParams(temperature=1.0, seed=1))
+        assert len(p.tokens) == 2
+        assert not any(m.split(".")[0] in ("torch", "transformers") for m in sys.modules)
+        print("ok")
+    """)
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
