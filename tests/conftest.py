@@ -21,3 +21,18 @@ def tiny_target_dir(tmp_path_factory) -> Path:
 def tiny_drafter_dir(tmp_path_factory) -> Path:
     """A different tiny random Llama (same tokenizer) to act as the drafter."""
     return make_tiny_model(tmp_path_factory.mktemp("tiny_drafter"), seed=2, hidden=16, layers=1, heads=2, kv_heads=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter_export(tiny_drafter_dir, tmp_path_factory):
+    """(directory, ExportReport) of the tiny drafter exported to ONNX (model.onnx + drafter.json)."""
+    from tandem.export import export_drafter
+
+    out = tmp_path_factory.mktemp("tiny_drafter_onnx")
+    return out, export_drafter(tiny_drafter_dir, out, check=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter_onnx(tiny_drafter_export) -> Path:
+    """Directory holding model.onnx + drafter.json of the tiny drafter (what OnnxDrafter loads)."""
+    return tiny_drafter_export[0]

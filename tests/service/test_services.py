@@ -1,0 +1,164 @@
+"""The three services over real gRPC on loopback, with tiny models: behaviour a client relies on."""
+
+import grpc
+import pytest
+
+from tandem.pb import common_pb2, drafter_pb2, gateway_pb2, verifier_pb2
+from harness import Stack
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_target_dir, tiny_drafter_onnx):
+    from drafter_service.onnx_drafter import OnnxDrafter
+    from verifier_service.target import Target
+
+    s = Stack(Target.load(str(tiny_target_dir)), OnnxDrafter(tiny_drafter_onnx, threads=1))
+    yield s
+    s.close()
+
+
+def request(**kw):
+    kw.setdefault("max_tokens", 24)
+    kw.setdefault("ignore_eos", True)
+    return gateway_pb2.GenerateRequest(**kw)
+
+
+def test_greedy_speculative_equals_no_speculation_and_hf_generate(stack):
+    import torch
+
+    prompt = "w1 w5 w9 w20"
+    spec = stack.gateway_stub.Generate(request(prompt=prompt, draft_length=3), timeout=60)
+    plain = stack.gateway_stub.Generate(request(prompt=prompt, no_speculation=True), timeout=60)
+    assert spec.stats.speculative and not plain.stats.speculative
+    assert spec.stats.proposed > 0 and plain.stats.proposed == 0
+    assert list(spec.token_ids) == list(plain.token_ids)
+    assert len(spec.token_ids) == 24
+    prompt_ids = stack.gateway.tokenizer(prompt)["input_ids"]
+    hf = stack.target.model.generate(torch.tensor([prompt_ids]), max_new_tokens=24, do_sample=False,
+                                     eos_token_id=None, pad_token_id=2)[0, len(prompt_ids):].tolist()
+    assert list(spec.token_ids) == hf
+    # statistics are consistent with the tokens
+    st = spec.stats
+    assert st.new_tokens == 24 and st.rounds == len(st.round_stats)
+    assert st.accepted == sum(r.accepted for r in st.round_stats)
+    assert st.mean_acceptance_length == pytest.approx(1 + st.accepted / st.rounds)
+    assert plain.stats.mean_acceptance_length == 1.0
+
+
+def test_stream_yields_the_same_tokens_as_unary(stack):
+    req = request(prompt="w3 w4", draft_length=2, max_tokens=16)
+    unary = stack.gateway_stub.Generate(req, timeout=60)
+    chunks = list(stack.gateway_stub.GenerateStream(req, timeout=60))
+    streamed = [t for c in chunks for t in c.token_ids]
+    assert streamed == list(unary.token_ids)
+    assert "".join(c.text for c in chunks) == unary.text
+    assert chunks[-1].finish_reason == "length" and chunks[-1].stats.new_tokens == 16
+
+
+def test_sampled_generation_is_reproducible_with_a_seed(stack):
+    sampling = common_pb2.SamplingParams(temperature=0.8, top_p=0.9, seed=7, has_seed=True)
+    a = stack.gateway_stub.Generate(request(prompt="w2 w3", sampling=sampling), timeout=60)
+    b = stack.gateway_stub.Generate(request(prompt="w2 w3", sampling=sampling), timeout=60)
+    assert list(a.token_ids) == list(b.token_ids) and a.stats.proposed > 0
+
+
+def test_sessions_are_freed_after_requests(stack):
+    stack.gateway_stub.Generate(request(prompt="w1 w2"), timeout=60)
+    assert len(stack.target.sessions) == 0
+    assert stack.drafter.session_count() == 0
+
+
+@pytest.mark.parametrize("req, message", [
+    (request(prompt=""), "prompt is empty"),
+    (request(prompt="   "), "prompt is empty"),
+    (request(prompt=" ".join(["w1"] * 300)), "longer than the target's context"),
+    (request(prompt="w1", max_tokens=0), "max_tokens"),
+    (request(prompt="w1", max_tokens=100_000), "max_tokens"),
+    (request(prompt="w1", sampling=common_pb2.SamplingParams(temperature=-1)), "temperature"),
+    (request(prompt="w1", sampling=common_pb2.SamplingParams(temperature=1, top_p=1.5)), "top_p"),
+    (request(prompt="w1", sampling=common_pb2.SamplingParams(temperature=1, top_p=-0.5)), "top_p"),
+    (request(prompt_ids=[1, 999]), "outside the vocabulary"),
+])
+def test_gateway_rejects_bad_input_and_stays_up(stack, req, message):
+    with pytest.raises(grpc.RpcError) as err:
+        stack.gateway_stub.Generate(req, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in err.value.details()
+    ok = stack.gateway_stub.Generate(request(prompt="w1 w2", max_tokens=4), timeout=30)
+    assert len(ok.token_ids) == 4
+
+
+def start(stack, sid, sampling=None):
+    stack.verifier_stub.StartSession(verifier_pb2.StartSessionRequest(
+        session_id=sid, prompt_ids=[1, 5, 6], sampling=sampling or common_pb2.SamplingParams()), timeout=30)
+
+
+@pytest.mark.parametrize("draft, message", [
+    ([common_pb2.DraftToken(token_id=64)], "outside the vocabulary"),
+    ([common_pb2.DraftToken(token_id=-1)], "outside the vocabulary"),
+    ([common_pb2.DraftToken(token_id=5, support_ids=[5, 6], support_probs=[0.5])], "probabilities"),
+    ([common_pb2.DraftToken(token_id=5, support_ids=[5], support_probs=[1.5])], "[0, 1]"),
+])
+def test_verifier_rejects_bad_draft_blocks(stack, draft, message):
+    start(stack, "bad-draft")
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            stack.verifier_stub.Verify(verifier_pb2.VerifyRequest(session_id="bad-draft", draft=draft), timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in err.value.details()
+        # the session survives a bad call
+        ok = stack.verifier_stub.Verify(verifier_pb2.VerifyRequest(session_id="bad-draft"), timeout=30)
+        assert ok.accepted == 0
+    finally:
+        stack.verifier_stub.EndSession(common_pb2.EndSessionRequest(session_id="bad-draft"), timeout=30)
+
+
+def test_sampled_session_needs_draft_distribution(stack):
+    start(stack, "sampled", common_pb2.SamplingParams(temperature=1.0))
+    with pytest.raises(grpc.RpcError) as err:
+        stack.verifier_stub.Verify(verifier_pb2.VerifyRequest(
+            session_id="sampled", draft=[common_pb2.DraftToken(token_id=5)]), timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "draft distribution" in err.value.details()
+    stack.verifier_stub.EndSession(common_pb2.EndSessionRequest(session_id="sampled"), timeout=30)
+
+
+def test_unknown_session_is_invalid_argument(stack):
+    with pytest.raises(grpc.RpcError) as err:
+        stack.verifier_stub.Verify(verifier_pb2.VerifyRequest(session_id="nope"), timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "unknown session" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        stack.drafter_stub.Propose(drafter_pb2.ProposeRequest(session_id="nope", prefix_length=5, k=2), timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "unknown drafter session" in err.value.details()
+
+
+def test_drafter_rejects_bad_proposals(stack):
+    for req, message in [(drafter_pb2.ProposeRequest(session_id="d", appended_tokens=[1, 2], k=0), "k"),
+                         (drafter_pb2.ProposeRequest(session_id="d", appended_tokens=[1, 70], k=2), "vocab")]:
+        with pytest.raises(grpc.RpcError) as err:
+            stack.drafter_stub.Propose(req, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, message
+
+
+def test_incompatible_drafter_is_refused(tiny_target_dir, tmp_path, tiny_drafter_onnx):
+    """A drafter whose vocabulary differs from the target's: speculation is refused with a clear error."""
+    import json
+    import shutil
+
+    from drafter_service.onnx_drafter import OnnxDrafter
+    from verifier_service.target import Target
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_drafter_onnx, other)
+    meta = json.loads((other / "drafter.json").read_text())
+    meta["vocab_hash"] = "sha256:" + "0" * 64
+    (other / "drafter.json").write_text(json.dumps(meta))
+    s = Stack(Target.load(str(tiny_target_dir)), OnnxDrafter(other, threads=1))
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            s.gateway_stub.Generate(request(prompt="w1 w2"), timeout=30)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "vocabulary" in err.value.details()
+        plain = s.gateway_stub.Generate(request(prompt="w1 w2", no_speculation=True, max_tokens=4), timeout=30)
+        assert len(plain.token_ids) == 4
+    finally:
+        s.close()

@@ -1,0 +1,129 @@
+"""Speculative sampling reproduces the target's own (warped) distribution exactly.
+
+Tiny random target and a different tiny drafter (vocab 64). With k = 1, the first three generated
+tokens cover every path of the rule: token 1 comes from the prefill, token 2 is an accepted draft
+or a recovered token, token 3 a bonus token or the next round's draft/recovered token. We draw
+N = 20 000 independent requests (seeded, so the test is deterministic) and compare the joint
+histogram of (t1, t2, t3) with the exact joint distribution computed from the target
+(p(t1) p(t2|t1) p(t3|t1,t2)) by a chi-square test; cells with expected count < 5 are pooled.
+False-alarm rate: the test fails when p < 1e-3 (one run in a thousand of a correct sampler).
+A control run with a broken rule (every draft accepted, i.e. the drafter's distribution) must
+fail the same test, so the test can fail.
+"""
+
+import asyncio
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from gateway.rounds import Request, generate_rounds
+from inprocess import LocalDrafter, LocalVerifier
+from tandem.types import SamplingParams, VerifyOutcome
+from verifier_service.target import Target
+from verifier_service.warping import warp
+
+PROMPT = (1, 5, 9, 14)
+N = 20_000
+ALPHA = 1e-3
+SAMPLING = SamplingParams(temperature=0.9, top_k=6, top_p=0.95)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and the test then ignores other load on the machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target_dir):
+    return Target.load(str(tiny_target_dir))
+
+
+@pytest.fixture(scope="module")
+def drafter(tiny_drafter_onnx):
+    from drafter_service.onnx_drafter import OnnxDrafter
+
+    return OnnxDrafter(tiny_drafter_onnx, threads=1)
+
+
+def exact_joint(target, sampling) -> dict[tuple[int, int, int], float]:
+    """p(t1, t2, t3) by enumeration over the warped target distribution."""
+    model = target.model
+
+    def dist(seq):
+        with torch.inference_mode():
+            return warp(model(torch.tensor([list(seq)])).logits[0, -1], sampling)
+
+    joint = {}
+    p1 = dist(PROMPT)
+    for t1 in p1.nonzero().flatten().tolist():
+        p2 = dist(PROMPT + (t1,))
+        for t2 in p2.nonzero().flatten().tolist():
+            p3 = dist(PROMPT + (t1, t2))
+            for t3 in p3.nonzero().flatten().tolist():
+                joint[(t1, t2, t3)] = float(p1[t1] * p2[t2] * p3[t3])
+    return joint
+
+
+def draw(verifier, drafter, n, sampling, k=1):
+    async def run():
+        counts = {}
+        for i in range(n):
+            req = Request(f"s{i}", PROMPT, 3, SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed=i),
+                          k, frozenset(), 256)
+            tokens = []
+            async for rnd in generate_rounds(req, verifier, drafter):
+                tokens.extend(rnd.tokens)
+            counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+            await verifier.end(req.session_id)
+            await drafter.end(req.session_id)
+        return counts
+    return asyncio.run(run())
+
+
+def chi_square_p(counts, joint, n) -> float:
+    cells = sorted(set(joint) | set(counts))
+    expected = np.array([joint.get(c, 0.0) * n for c in cells])
+    observed = np.array([counts.get(c, 0) for c in cells], dtype=float)
+    if observed[expected == 0].sum() > 0:
+        return 0.0          # a sequence the target can never produce
+    small = expected < 5
+    exp = np.append(expected[~small], expected[small].sum())
+    obs = np.append(observed[~small], observed[small].sum())
+    if exp[-1] == 0:
+        exp, obs = exp[:-1], obs[:-1]
+    return float(chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+
+
+def test_speculative_sampling_matches_target_distribution(target, drafter):
+    joint = exact_joint(target, SAMPLING)
+    assert abs(sum(joint.values()) - 1) < 1e-4
+    counts = draw(LocalVerifier(target), LocalDrafter(drafter), N, SAMPLING)
+    assert sum(counts.values()) == N
+    # The drafter really disagrees with the target: the test exercises rejections and bonus tokens.
+    p = chi_square_p(counts, joint, N)
+    assert p > ALPHA, f"speculative samples deviate from the target distribution (chi-square p = {p:.2e})"
+
+
+class AlwaysAccept(LocalVerifier):
+    """A broken verifier: keeps every draft token (the bug the test must catch)."""
+
+    async def verify(self, session_id, draft):
+        out = self.target.verify(session_id, [])        # advances the target by one token
+        if not draft:
+            return out
+        session = self.target.sessions.get(session_id)
+        session.pending_token = draft[0].token_id
+        return VerifyOutcome(0, draft[0].token_id, False)
+
+
+def test_control_broken_rule_fails_the_same_test(target, drafter):
+    joint = exact_joint(target, SAMPLING)
+    counts = draw(AlwaysAccept(target), LocalDrafter(drafter), 4000, SAMPLING)
+    assert chi_square_p(counts, joint, 4000) < ALPHA
