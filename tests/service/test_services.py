@@ -34,7 +34,8 @@ def test_greedy_speculative_equals_no_speculation_and_hf_generate(stack):
     assert list(spec.token_ids) == list(plain.token_ids)
     assert len(spec.token_ids) == 24
     prompt_ids = stack.gateway.tokenizer(prompt)["input_ids"]
-    hf = stack.target.model.generate(torch.tensor([prompt_ids]), max_new_tokens=24, do_sample=False,
+    ids = torch.tensor([prompt_ids])
+    hf = stack.target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
                                      eos_token_id=None, pad_token_id=2)[0, len(prompt_ids):].tolist()
     assert list(spec.token_ids) == hf
     # statistics are consistent with the tokens
