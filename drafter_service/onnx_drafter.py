@@ -34,6 +34,7 @@ import numpy as np
 
 from drafter_service.sampling import sample_index, session_rng, truncate_support, warp
 from drafter_service.sessions import SessionStore
+from tandem import telemetry
 from tandem.types import DraftToken, ModelInfo, Proposal, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -120,10 +121,18 @@ def _graph_metadata(session, onnx_path: Path) -> dict:
 
 
 def default_providers() -> list[str]:
-    """CUDA if this onnxruntime build has it, then CPU."""
+    """CUDA if this onnxruntime build has it and an NVIDIA GPU is present, then CPU.
+
+    onnxruntime-gpu lists CUDAExecutionProvider even on machines without a GPU; asking for it
+    there only prints loader errors, so it is skipped unless a GPU device node exists.
+    """
+    import glob
+
     import onnxruntime as ort
 
     available = ort.get_available_providers()
+    if not glob.glob("/dev/nvidia[0-9]*"):
+        available = [p for p in available if p != "CUDAExecutionProvider"]
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
 
 
@@ -242,7 +251,9 @@ class OnnxDrafter:
                 raise ValueError(f"context of {len(context)} tokens + k={k} drafts exceeds the drafter's "
                                  f"max_context {max_ctx}")
             session.context = context
-            tokens = self._draft(session, context, k, sampling)
+            with telemetry.span("draft", {"tandem.k": k, "tandem.context_tokens": len(context),
+                                          "tandem.onnxruntime.runs": k}):
+                tokens = self._draft(session, context, k, sampling)
         self.sessions.touch(session_id)
         return Proposal(tokens=tuple(tokens), compute_ms=(time.perf_counter() - t0) * 1000.0)
 
