@@ -12,10 +12,11 @@ from tandem.serving import Service, start_service
 SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name
 
 
-async def start_drafter(drafter, host: str = "127.0.0.1", port: int = 0) -> Service:
+async def start_drafter(drafter, host: str = "127.0.0.1", port: int = 0, interceptors=()) -> Service:
     servicer = DrafterServicer(drafter)
     service = await start_service("drafter", lambda s: drafter_grpc.add_DrafterServicer_to_server(servicer, s),
-                                  [SERVICE_NAME], host, port)
+                                  [SERVICE_NAME], host, port, interceptors=interceptors)
+    service.metrics = servicer.metrics
     service.evictor = asyncio.create_task(_evict_forever(drafter))
     return service
 

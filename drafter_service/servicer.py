@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 
 from tandem.convert import draft_to_pb, info_to_pb, sampling_from_pb
+from tandem.metrics import DrafterMetrics
 from tandem.pb import common_pb2, drafter_grpc, drafter_pb2
 from tandem.serving import abort_on_error
 
 
 class DrafterServicer(drafter_grpc.DrafterServicer):
-    def __init__(self, drafter):
+    def __init__(self, drafter, metrics: DrafterMetrics | None = None):
         self.drafter = drafter      # drafter_service.onnx_drafter.OnnxDrafter, or anything with its API
+        self.metrics = metrics or DrafterMetrics(drafter)
         self._info = info_to_pb(drafter.info)
 
     async def GetInfo(self, request, context):
@@ -22,6 +24,7 @@ class DrafterServicer(drafter_grpc.DrafterServicer):
         proposal = await asyncio.to_thread(self.drafter.propose, request.session_id, request.prefix_length,
                                            list(request.appended_tokens), request.k,
                                            sampling_from_pb(request.sampling))
+        self.metrics.proposed(len(proposal.tokens), proposal.compute_ms)
         return drafter_pb2.Proposal(tokens=draft_to_pb(proposal.tokens), compute_ms=proposal.compute_ms)
 
     async def EndSession(self, request, context):

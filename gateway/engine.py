@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from gateway.ports import DrafterUnavailable
 from gateway.rounds import Request, Round, generate_rounds
 from gateway.stats import RequestStats
+from tandem import telemetry
+from tandem.metrics import GatewayMetrics
 from tandem.types import ModelInfo, SamplingParams
 
 
@@ -73,6 +75,7 @@ class Gateway:
         self.config = config
         self.target: ModelInfo = target_info.model if hasattr(target_info, "model") else target_info
         self.tokenizer = build_tokenizer(target_info)
+        self.metrics = GatewayMetrics()         # Prometheus registry, served by --metrics-port
         self._drafter_info: ModelInfo | None = None
         self._drafter_down_since: float | None = None
         self.drafter_down_reason = ""
@@ -153,16 +156,21 @@ class Gateway:
         stats.draft_model = self.drafter_name if drafter is not None else ""
         if speculate and drafter is None:
             stats.fallback_reason = self.drafter_down_reason or "no drafter configured"
+        # Not made current: it lives across this generator's yields. Prefill and rounds get it as parent.
+        span = telemetry.start_request_span(params, self.target.model_name, k if drafter is not None else 0,
+                                            stats.draft_model)
         request = Request(session_id=uuid.uuid4().hex, prompt_ids=tuple(prompt_ids),
                           max_tokens=min(params.max_tokens, self.target.max_context - len(prompt_ids)),
                           sampling=params.sampling, k=k if drafter is not None else 0,
                           eos_token_ids=frozenset() if params.ignore_eos else frozenset(self.target.eos_token_ids),
-                          max_context=self.target.max_context)
+                          max_context=self.target.max_context, trace_context=telemetry.context_with(span))
         generated: list[int] = []
         text = ""
+        self.metrics.active_sessions.inc()
         try:
             async for rnd in generate_rounds(request, self.verifier, drafter):
                 stats.add(rnd)
+                self.metrics.round(rnd, stats)
                 if rnd.fallback_reason:
                     self.mark_drafter_down(rnd.fallback_reason)
                 generated.extend(rnd.tokens)
@@ -171,10 +179,16 @@ class Gateway:
                 stable = full[:-1] if full.endswith("\ufffd") else full
                 delta, text = stable[len(text):], stable if len(stable) >= len(text) else text
                 yield Step(rnd, rnd.tokens, delta)
+            self.metrics.finished(stats.finish(), self.finish_reason(generated, params))
+        except Exception as exc:
+            telemetry.record_error(span, exc)
+            raise
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._end_sessions(request.session_id, drafter))
             stats.finish()
+            self.metrics.active_sessions.dec()
+            telemetry.end_request_span(span, stats, self.finish_reason(generated, params))
 
     async def _end_sessions(self, session_id: str, drafter) -> None:
         ends = [self.verifier.end(session_id)]

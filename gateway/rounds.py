@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from gateway.ports import DrafterLostSession, DrafterPort, DrafterUnavailable, VerifierPort
+from tandem import telemetry
 from tandem.types import Proposal, SamplingParams
 
 
@@ -52,6 +53,7 @@ class Request:
     k: int                               # fixed draft length; 0 disables speculation
     eos_token_ids: frozenset[int]
     max_context: int
+    trace_context: object = None         # OTel Context of the request's span: parent of prefill and rounds
 
 
 async def generate_rounds(req: Request, verifier: VerifierPort, drafter: DrafterPort | None) -> AsyncIterator[Round]:
@@ -61,7 +63,8 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
     remaining = req.max_tokens
 
     t0 = time.perf_counter()
-    first, prefill_ms = await verifier.start(req.session_id, req.prompt_ids, req.sampling)
+    with telemetry.span("prefill", {"tandem.prompt_tokens": len(req.prompt_ids)}, req.trace_context):
+        first, prefill_ms = await verifier.start(req.session_id, req.prompt_ids, req.sampling)
     sequence.append(first)
     remaining -= 1
     yield Round(0, (first,), 0, 0, 0, -1, False, 0.0, prefill_ms, (time.perf_counter() - t0) * 1e3)
@@ -70,30 +73,37 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
     index = 0
     while not done:
         index += 1
-        t0 = time.perf_counter()
-        # A round emits at most k+1 tokens: never draft past max_tokens or the context.
-        k = min(req.k, remaining - 1, req.max_context - len(sequence) - 1) if drafter is not None else 0
-        proposal, fallback = Proposal(()), ""
-        if k > 0:
-            try:
+        # The round's span is current during both calls: the drafter's and the verifier's server spans
+        # (context carried in gRPC metadata by the OTel interceptors) become its children.
+        with telemetry.span("round", None, req.trace_context) as span:
+            t0 = time.perf_counter()
+            # A round emits at most k+1 tokens: never draft past max_tokens or the context.
+            k = min(req.k, remaining - 1, req.max_context - len(sequence) - 1) if drafter is not None else 0
+            proposal, fallback = Proposal(()), ""
+            if k > 0:
                 try:
-                    proposal = await drafter.propose(req.session_id, drafter_seen, sequence[drafter_seen:], k, req.sampling)
-                except DrafterLostSession:
-                    proposal = await drafter.propose(req.session_id, 0, sequence, k, req.sampling)
-                drafter_seen = len(sequence)
-            except DrafterUnavailable as exc:
-                drafter, fallback = None, f"drafter unavailable: {exc}"
-        outcome = await verifier.verify(req.session_id, proposal.tokens)
+                    try:
+                        proposal = await drafter.propose(req.session_id, drafter_seen, sequence[drafter_seen:], k,
+                                                         req.sampling)
+                    except DrafterLostSession:
+                        proposal = await drafter.propose(req.session_id, 0, sequence, k, req.sampling)
+                    drafter_seen = len(sequence)
+                except DrafterUnavailable as exc:
+                    drafter, fallback = None, f"drafter unavailable: {exc}"
+            outcome = await verifier.verify(req.session_id, proposal.tokens)
 
-        draft_ids = proposal.token_ids
-        emitted = draft_ids[: outcome.accepted] + [outcome.next_token]
-        kept = _cut(emitted, remaining, req.eos_token_ids)
-        sequence.extend(kept)
-        remaining -= len(kept)
-        done = len(kept) < len(emitted) or kept[-1] in req.eos_token_ids or remaining <= 0
-        yield Round(index, tuple(kept), k if proposal.tokens else 0, len(draft_ids), outcome.accepted,
-                    outcome.accepted if outcome.accepted < len(draft_ids) else -1, outcome.bonus,
-                    proposal.compute_ms, outcome.compute_ms, (time.perf_counter() - t0) * 1e3, fallback)
+            draft_ids = proposal.token_ids
+            emitted = draft_ids[: outcome.accepted] + [outcome.next_token]
+            kept = _cut(emitted, remaining, req.eos_token_ids)
+            sequence.extend(kept)
+            remaining -= len(kept)
+            done = len(kept) < len(emitted) or kept[-1] in req.eos_token_ids or remaining <= 0
+            rnd = Round(index, tuple(kept), k if proposal.tokens else 0, len(draft_ids), outcome.accepted,
+                        outcome.accepted if outcome.accepted < len(draft_ids) else -1, outcome.bonus,
+                        proposal.compute_ms, outcome.compute_ms, (time.perf_counter() - t0) * 1e3, fallback)
+            if span.is_recording():
+                span.set_attributes(telemetry.round_attributes(rnd))
+        yield rnd
 
 
 def _cut(tokens: Sequence[int], remaining: int, eos: frozenset[int]) -> list[int]:

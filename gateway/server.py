@@ -14,11 +14,12 @@ SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 
 
 async def connect_gateway(verifier_address: str, drafter_address: str | None, config: GatewayConfig,
-                          wait_s: float = 120.0) -> Gateway:
-    """Waits for the verifier (its tokenizer is needed to serve anything); the drafter may come later."""
-    verifier = VerifierClient(verifier_address)
+                          wait_s: float = 120.0, interceptors=()) -> Gateway:
+    """Waits for the verifier (its tokenizer is needed to serve anything); the drafter may come later.
+    ``interceptors``: client interceptors for both channels (tracing: ``Telemetry.client_interceptors()``)."""
+    verifier = VerifierClient(verifier_address, interceptors=interceptors)
     info = await verifier.get_info(wait_s=wait_s)
-    drafter = DrafterClient(drafter_address) if drafter_address else None
+    drafter = DrafterClient(drafter_address, interceptors=interceptors) if drafter_address else None
     gateway = Gateway(verifier, drafter, info, config)
     if drafter is not None:
         try:
@@ -28,7 +29,9 @@ async def connect_gateway(verifier_address: str, drafter_address: str | None, co
     return gateway
 
 
-async def start_gateway(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> Service:
+async def start_gateway(gateway: Gateway, host: str = "127.0.0.1", port: int = 0, interceptors=()) -> Service:
     servicer = GatewayServicer(gateway)
-    return await start_service("gateway", lambda s: gateway_grpc.add_GatewayServicer_to_server(servicer, s),
-                               [SERVICE_NAME], host, port)
+    service = await start_service("gateway", lambda s: gateway_grpc.add_GatewayServicer_to_server(servicer, s),
+                                  [SERVICE_NAME], host, port, interceptors=interceptors)
+    service.metrics = gateway.metrics
+    return service

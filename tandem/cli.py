@@ -39,6 +39,8 @@ def _serve_common(p: argparse.ArgumentParser, port_default: int) -> None:
     flag(p, "port", port_default, int, help="port to listen on (0 picks a free one)")
     flag(p, "port-file", None, help="write the bound port to this file once listening")
     flag(p, "grace", 5.0, float, help="seconds in-flight calls get to finish on SIGTERM/SIGINT")
+    flag(p, "metrics-port", None, int, help="serve Prometheus metrics on http://HOST:PORT/metrics (unset: off; "
+         "0: a free port). Tracing: set OTEL_EXPORTER_OTLP_ENDPOINT (see deploy/TRACING.md)")
 
 
 def configure_serve_drafter(p):
@@ -54,13 +56,19 @@ def configure_serve_drafter(p):
 async def _serve_drafter(args) -> int:
     from drafter_service.onnx_drafter import OnnxDrafter
     from drafter_service.server import start_drafter
+    from tandem import metrics, telemetry
     from tandem.defaults import resolve_drafter
     from tandem.serving import run_until_signalled
 
+    tracing = telemetry.setup("tandem-drafter")
     drafter = OnnxDrafter(resolve_drafter(args.drafter), threads=args.threads, support_size=args.support_size,
                           session_ttl_s=args.session_ttl)
-    service = await start_drafter(drafter, args.host, args.port)
-    await run_until_signalled(service, f"drafter ({drafter.info.model_name})", args.grace, args.port_file)
+    service = await start_drafter(drafter, args.host, args.port, interceptors=tracing.server_interceptors())
+    metrics.serve(service.metrics, args.metrics_port, args.host)
+    try:
+        await run_until_signalled(service, f"drafter ({drafter.info.model_name})", args.grace, args.port_file)
+    finally:
+        tracing.shutdown()
     return 0
 
 
@@ -78,16 +86,22 @@ def configure_serve_verifier(p):
 async def _serve_verifier(args) -> int:
     import torch
 
+    from tandem import metrics, telemetry
     from tandem.serving import run_until_signalled
     from verifier_service.server import start_verifier
     from verifier_service.target import Target
 
+    tracing = telemetry.setup("tandem-verifier")
     if args.threads:
         torch.set_num_threads(args.threads)
     target = Target.load(args.target, dtype=args.dtype, device=args.device, session_ttl_s=args.session_ttl,
                          max_sessions=args.max_sessions)
-    service = await start_verifier(target, args.host, args.port)
-    await run_until_signalled(service, f"verifier ({target.info.model_name})", args.grace, args.port_file)
+    service = await start_verifier(target, args.host, args.port, interceptors=tracing.server_interceptors())
+    metrics.serve(service.metrics, args.metrics_port, args.host)
+    try:
+        await run_until_signalled(service, f"verifier ({target.info.model_name})", args.grace, args.port_file)
+    finally:
+        tracing.shutdown()
     return 0
 
 
@@ -104,13 +118,20 @@ def configure_serve_gateway(p):
 async def _serve_gateway(args) -> int:
     from gateway.engine import GatewayConfig
     from gateway.server import connect_gateway, start_gateway
+    from tandem import metrics, telemetry
     from tandem.serving import run_until_signalled
 
+    tracing = telemetry.setup("tandem-gateway")
     config = GatewayConfig(draft_length=args.draft_length, max_tokens_limit=args.max_tokens_limit,
                            no_speculation=args.no_speculation)
-    gateway = await connect_gateway(args.verifier, args.drafter or None, config, wait_s=args.wait)
-    service = await start_gateway(gateway, args.host, args.port)
-    await run_until_signalled(service, "gateway", args.grace, args.port_file)
+    gateway = await connect_gateway(args.verifier, args.drafter or None, config, wait_s=args.wait,
+                                    interceptors=tracing.client_interceptors())
+    service = await start_gateway(gateway, args.host, args.port, interceptors=tracing.server_interceptors())
+    metrics.serve(service.metrics, args.metrics_port, args.host)
+    try:
+        await run_until_signalled(service, "gateway", args.grace, args.port_file)
+    finally:
+        tracing.shutdown()
     return 0
 
 

@@ -27,6 +27,8 @@ def configure(p):
     flag(p, "verifier-threads", 0, int, help="torch threads of the verifier (0: torch's default)")
     flag(p, "startup-timeout", 900.0, float, help="seconds to wait for all three to be healthy")
     flag(p, "log-dir", None, help="write each service's log here (default: a temporary folder)")
+    flag(p, "metrics-port", None, int, help="Prometheus metrics: gateway on this port, verifier on +1, drafter on "
+         "+2 (unset: off)")
 
 
 def configure_demo(p):
@@ -100,13 +102,18 @@ def start_cluster(args) -> Cluster:
     deadline = time.monotonic() + args.startup_timeout
     print(f"[tandem] starting verifier ({args.target}) and drafter ({args.drafter}); logs in {log_dir}",
           file=sys.stderr, flush=True)
+    base = getattr(args, "metrics_port", None)
+    metrics = (lambda n: ["--metrics-port", str(base + n)]) if base else (lambda n: [])
     try:
-        cluster.spawn("verifier", ["--target", args.target, "--port", "0", "--threads", str(args.verifier_threads)])
-        cluster.spawn("drafter", ["--drafter", args.drafter, "--port", "0", "--threads", str(args.drafter_threads)])
+        cluster.spawn("verifier", ["--target", args.target, "--port", "0", "--threads", str(args.verifier_threads),
+                                   *metrics(1)])
+        cluster.spawn("drafter", ["--drafter", args.drafter, "--port", "0", "--threads", str(args.drafter_threads),
+                                  *metrics(2)])
         verifier = cluster.wait_port("verifier", deadline)
         drafter = cluster.wait_port("drafter", deadline)
         cluster.spawn("gateway", ["--verifier", f"{DEFAULT_HOST}:{verifier}", "--drafter", f"{DEFAULT_HOST}:{drafter}",
-                                  "--port", str(args.gateway_port), "--draft-length", str(args.draft_length)])
+                                  "--port", str(args.gateway_port), "--draft-length", str(args.draft_length),
+                                  *metrics(0)])
         gateway = cluster.wait_port("gateway", deadline)
     except BaseException:
         cluster.stop()

@@ -13,10 +13,11 @@ from verifier_service.target import Target
 SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
 
 
-async def start_verifier(target: Target, host: str = "127.0.0.1", port: int = 0) -> Service:
+async def start_verifier(target: Target, host: str = "127.0.0.1", port: int = 0, interceptors=()) -> Service:
     servicer = VerifierServicer(target)
     service = await start_service("verifier", lambda s: verifier_grpc.add_VerifierServicer_to_server(servicer, s),
-                                  [SERVICE_NAME], host, port)
+                                  [SERVICE_NAME], host, port, interceptors=interceptors)
+    service.metrics = servicer.metrics
     service.evictor = asyncio.create_task(_evict_forever(target))
     return service
 

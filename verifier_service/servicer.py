@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 
 from tandem.convert import draft_from_pb, info_to_pb, sampling_from_pb
+from tandem.metrics import VerifierMetrics
 from tandem.pb import common_pb2, verifier_grpc, verifier_pb2
 from tandem.serving import abort_on_error
 from verifier_service.target import Target
 
 
 class VerifierServicer(verifier_grpc.VerifierServicer):
-    def __init__(self, target: Target):
+    def __init__(self, target: Target, metrics: VerifierMetrics | None = None):
         self.target = target
+        self.metrics = metrics or VerifierMetrics(target)
         tok = target.tokenizer
         backend = getattr(tok, "backend_tokenizer", None) or getattr(tok, "_tokenizer", None)
         self._info = verifier_pb2.TargetInfo(
@@ -28,11 +30,13 @@ class VerifierServicer(verifier_grpc.VerifierServicer):
     async def StartSession(self, request, context):
         first, ms = await asyncio.to_thread(self.target.start, request.session_id, list(request.prompt_ids),
                                             sampling_from_pb(request.sampling))
+        self.metrics.prefilled(ms)
         return verifier_pb2.StartSessionReply(first_token=first, compute_ms=ms)
 
     @abort_on_error
     async def Verify(self, request, context):
         outcome = await asyncio.to_thread(self.target.verify, request.session_id, draft_from_pb(request.draft))
+        self.metrics.verified(len(request.draft), outcome.accepted, outcome.compute_ms)
         return verifier_pb2.VerifyReply(accepted=outcome.accepted, next_token=outcome.next_token,
                                         bonus=outcome.bonus, compute_ms=outcome.compute_ms)
 

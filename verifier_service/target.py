@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from tandem import telemetry
 from tandem.types import DraftToken, ModelInfo, SamplingParams, VerifyOutcome
 from tandem.vocab import tokenizer_vocab_hash
 from verifier_service.acceptance import accept_greedy, accept_random
@@ -86,7 +87,8 @@ class Target:
         generator = torch.Generator()
         generator.manual_seed(sampling.seed if sampling.seed is not None else int(torch.seed()))
         session = TargetSession(session_id, DynamicCache(config=self.model.config), 0, -1, sampling, generator)
-        logits = self._forward(session, prompt_ids, last_only=True)                        # [1, V]
+        with telemetry.span("target.forward", {"tandem.tokens": len(prompt_ids), "tandem.prefill": True}):
+            logits = self._forward(session, prompt_ids, last_only=True)                    # [1, V]
         session.length = len(prompt_ids)
         session.pending_token = self._choose(session, logits, []).next_token
         self.sessions.add(session)
@@ -102,8 +104,11 @@ class Target:
             if session.length + k + 1 > self.info.max_context:
                 raise ValueError(f"session {session_id!r} would exceed the target's context of "
                                  f"{self.info.max_context} tokens")
-            logits = self._forward(session, [session.pending_token] + [t.token_id for t in draft])  # [k+1, V]
-            result = self._choose(session, logits, draft)
+            with telemetry.span("target.forward", {"tandem.tokens": k + 1, "tandem.cached_tokens": session.length}):
+                logits = self._forward(session, [session.pending_token] + [t.token_id for t in draft])  # [k+1, V]
+            with telemetry.span("acceptance", {"tandem.k": k, "tandem.greedy": session.sampling.greedy}) as span:
+                result = self._choose(session, logits, draft)
+                span.set_attribute("tandem.accepted", result.accepted)
             # Cache now holds length + k + 1 tokens; keep pending + the accepted drafts.
             session.rollback(session.length + 1 + result.accepted)
             session.pending_token = result.next_token
