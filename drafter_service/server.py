@@ -7,7 +7,7 @@ import contextlib
 
 from drafter_service.servicer import DrafterServicer
 from tandem.pb import drafter_grpc, drafter_pb2
-from tandem.serving import Service, start_service
+from tandem.serving import Service, evict_period, start_service
 
 SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name
 
@@ -17,7 +17,8 @@ async def start_drafter(drafter, host: str = "127.0.0.1", port: int = 0, interce
     service = await start_service("drafter", lambda s: drafter_grpc.add_DrafterServicer_to_server(servicer, s),
                                   [SERVICE_NAME], host, port, interceptors=interceptors)
     service.metrics = servicer.metrics
-    service.evictor = asyncio.create_task(_evict_forever(drafter))
+    ttl = getattr(getattr(drafter, "sessions", None), "ttl_s", 600.0)
+    service.evictor = asyncio.create_task(_evict_forever(drafter, evict_period(ttl)))
     return service
 
 

@@ -7,7 +7,7 @@ import asyncio
 from tandem.convert import draft_to_pb, info_to_pb, sampling_from_pb
 from tandem.metrics import DrafterMetrics
 from tandem.pb import common_pb2, drafter_grpc, drafter_pb2
-from tandem.serving import abort_on_error
+from tandem.serving import abort_on_error, complete_or_undo
 
 
 class DrafterServicer(drafter_grpc.DrafterServicer):
@@ -21,9 +21,12 @@ class DrafterServicer(drafter_grpc.DrafterServicer):
 
     @abort_on_error
     async def Propose(self, request, context):
-        proposal = await asyncio.to_thread(self.drafter.propose, request.session_id, request.prefix_length,
-                                           list(request.appended_tokens), request.k,
-                                           sampling_from_pb(request.sampling))
+        # A cancelled Propose (client gone, deadline passed) ends the session: the gateway stops drafting
+        # for that request anyway, and a session created after its EndSession would otherwise linger.
+        proposal = await complete_or_undo(
+            asyncio.to_thread(self.drafter.propose, request.session_id, request.prefix_length,
+                              list(request.appended_tokens), request.k, sampling_from_pb(request.sampling)),
+            lambda: self.drafter.end_session(request.session_id))
         self.metrics.proposed(len(proposal.tokens), proposal.compute_ms)
         return drafter_pb2.Proposal(tokens=draft_to_pb(proposal.tokens), compute_ms=proposal.compute_ms)
 

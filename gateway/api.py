@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import grpc
 
-from gateway.engine import Gateway, GenerateParams, IncompatibleDrafter
+from gateway.clients import set_request_deadline
+from gateway.engine import Gateway, GenerateParams, IncompatibleDrafter, Overloaded
 from gateway.stats import RequestStats
 from tandem.convert import sampling_from_pb
 from tandem.pb import gateway_grpc, gateway_pb2
@@ -42,8 +45,9 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         stats = RequestStats()
         token_ids: list[int] = []
         text: list[str] = []
-        async with _errors_to_status(context):
-            async for step in self.gateway.generate(params, stats):
+        async with _errors_to_status(context), self.gateway.admit(), \
+                contextlib.aclosing(self.gateway.generate(params, stats)) as steps:
+            async for step in steps:
                 token_ids.extend(step.token_ids)
                 text.append(step.text)
         return gateway_pb2.GenerateReply(text="".join(text), token_ids=token_ids,
@@ -54,8 +58,9 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         params = params_from_pb(request)
         stats = RequestStats()
         token_ids: list[int] = []
-        async with _errors_to_status(context):
-            async for step in self.gateway.generate(params, stats):
+        async with _errors_to_status(context), self.gateway.admit(), \
+                contextlib.aclosing(self.gateway.generate(params, stats)) as steps:
+            async for step in steps:
                 token_ids.extend(step.token_ids)
                 yield gateway_pb2.GenerateChunk(text=step.text, token_ids=step.token_ids)
         yield gateway_pb2.GenerateChunk(finish_reason=self.gateway.finish_reason(token_ids, params),
@@ -69,6 +74,7 @@ class _errors_to_status:
         self.context = context
 
     async def __aenter__(self):
+        set_request_deadline(self.context.time_remaining())    # upstream calls end before the client's deadline
         return self
 
     async def __aexit__(self, exc_type, exc, tb):
@@ -76,6 +82,8 @@ class _errors_to_status:
             return False
         if isinstance(exc, ValueError):
             await self.context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if isinstance(exc, Overloaded):
+            await self.context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         if isinstance(exc, IncompatibleDrafter):
             await self.context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         if isinstance(exc, grpc.aio.AioRpcError):   # from the verifier

@@ -6,6 +6,9 @@ target-only decoding); a drafter that lost the session becomes DrafterLostSessio
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import time
 from collections.abc import Sequence
 
 import grpc
@@ -18,11 +21,49 @@ from tandem.types import DraftToken, ModelInfo, Proposal, SamplingParams, Verify
 
 DRAFTER_FAILURES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL,
                     grpc.StatusCode.UNKNOWN, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED,
-                    grpc.StatusCode.UNIMPLEMENTED}
+                    grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAUTHENTICATED,
+                    grpc.StatusCode.PERMISSION_DENIED}
 
 
-def open_channel(address: str, interceptors: Sequence = ()) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=list(interceptors) or None)
+def open_channel(address: str, interceptors: Sequence = (), security=None) -> grpc.aio.Channel:
+    """A channel with TLS and the bearer token when ``security`` (default: the process's) asks for them."""
+    from tandem import security as sec
+
+    security = security or sec.default()
+    credentials = security.channel_credentials()
+    options = [*CHANNEL_OPTIONS, *security.channel_options()]
+    chain = [*security.client_interceptors(), *interceptors] or None
+    if credentials is not None:
+        return grpc.aio.secure_channel(address, credentials, options=options, interceptors=chain)
+    return grpc.aio.insecure_channel(address, options=options, interceptors=chain)
+
+
+# The client's deadline, as an absolute time.monotonic(), for the request being served in this task
+# (set by the gateway's API from its ServicerContext). Upstream calls end a little before it, so
+# the client hears UNAVAILABLE from the gateway rather than its own DEADLINE_EXCEEDED.
+_request_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("tandem_request_deadline",
+                                                                                default=None)
+
+
+def set_request_deadline(time_remaining: float | None) -> None:
+    """Called by the client-facing servicer with ``context.time_remaining()`` (None: no deadline)."""
+    _request_deadline.set(None if time_remaining is None else time.monotonic() + time_remaining)
+
+
+async def _not_past_deadline(call) -> None:
+    """Waits for ``call`` (an EndSession) no longer than the client's deadline allows; past that the call
+    goes on in the background under its own timeout, so freeing a session never delays the reply."""
+    await asyncio.wait_for(asyncio.shield(call), call_timeout(3600.0) if _request_deadline.get() else None)
+
+
+def call_timeout(timeout_s: float) -> float:
+    """``timeout_s``, shortened to end before the client's deadline (keeping a margin to answer)."""
+    deadline = _request_deadline.get()
+    if deadline is None:
+        return timeout_s
+    remaining = deadline - time.monotonic()
+    margin = max(0.05, min(1.0, 0.1 * remaining))
+    return max(0.01, min(timeout_s, remaining - margin))
 
 
 def _error_kind(err: grpc.aio.AioRpcError) -> str:
@@ -47,16 +88,17 @@ class VerifierClient:
     async def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams) -> tuple[int, float]:
         reply = await self.stub.StartSession(
             verifier_pb2.StartSessionRequest(session_id=session_id, prompt_ids=list(prompt_ids),
-                                             sampling=sampling_to_pb(sampling)), timeout=self.timeout_s)
+                                             sampling=sampling_to_pb(sampling)), timeout=call_timeout(self.timeout_s))
         return reply.first_token, reply.compute_ms
 
     async def verify(self, session_id: str, draft: Sequence[DraftToken]) -> VerifyOutcome:
         reply = await self.stub.Verify(verifier_pb2.VerifyRequest(session_id=session_id, draft=draft_to_pb(draft)),
-                                       timeout=self.timeout_s)
+                                       timeout=call_timeout(self.timeout_s))
         return VerifyOutcome(reply.accepted, reply.next_token, reply.bonus, reply.compute_ms)
 
     async def end(self, session_id: str) -> None:
-        await self.stub.EndSession(common_pb2.EndSessionRequest(session_id=session_id), timeout=5.0)
+        await _not_past_deadline(self.stub.EndSession(common_pb2.EndSessionRequest(session_id=session_id),
+                                                      timeout=5.0))
 
     async def close(self) -> None:
         await self.channel.close()
@@ -83,7 +125,7 @@ class DrafterClient:
                                              appended_tokens=list(appended_tokens), k=k,
                                              sampling=sampling_to_pb(sampling))
         try:
-            reply = await self.stub.Propose(request, timeout=self.timeout_s)
+            reply = await self.stub.Propose(request, timeout=call_timeout(self.timeout_s))
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.INVALID_ARGUMENT and _error_kind(err) == "UnknownSessionError":
                 raise DrafterLostSession(err.details()) from err
@@ -94,8 +136,9 @@ class DrafterClient:
 
     async def end(self, session_id: str) -> None:
         try:
-            await self.stub.EndSession(common_pb2.EndSessionRequest(session_id=session_id), timeout=2.0)
-        except grpc.aio.AioRpcError:
+            await _not_past_deadline(self.stub.EndSession(common_pb2.EndSessionRequest(session_id=session_id),
+                                                          timeout=2.0))
+        except (grpc.aio.AioRpcError, TimeoutError):
             pass  # a dead drafter holds no sessions worth freeing
 
     async def close(self) -> None:

@@ -25,6 +25,10 @@ class IncompatibleDrafter(Exception):
     """Drafter and target do not share a vocabulary: speculation is refused."""
 
 
+class Overloaded(Exception):
+    """The gateway already serves --max-concurrent-requests requests: refused at once, never queued."""
+
+
 @dataclass(frozen=True)
 class GenerateParams:
     prompt: str = ""
@@ -52,7 +56,9 @@ class GatewayConfig:
     max_draft_length: int = 32
     max_tokens_limit: int = 4096
     no_speculation: bool = False          # gateway-wide default
-    drafter_retry_s: float = 5.0          # wait before asking a failed drafter again
+    drafter_retry_s: float = 1.0          # first wait before probing a failed drafter again (then doubling)
+    drafter_retry_max_s: float = 15.0     # longest wait between probes of a failed drafter
+    max_concurrent_requests: int = 64     # more at once are refused (RESOURCE_EXHAUSTED); 0: no limit
 
 
 def build_tokenizer(target_info):
@@ -79,15 +85,30 @@ class Gateway:
         self._drafter_info: ModelInfo | None = None
         self._drafter_down_since: float | None = None
         self.drafter_down_reason = ""
+        self._drafter_probe: asyncio.Task | None = None
+        self._background: set[asyncio.Future] = set()
+        self.active_requests = 0
+
+    @contextlib.asynccontextmanager
+    async def admit(self):
+        """Holds one of --max-concurrent-requests slots for a request; raises Overloaded when none is free."""
+        limit = self.config.max_concurrent_requests
+        if limit and self.active_requests >= limit:
+            raise Overloaded(f"the gateway is already serving {limit} requests (--max-concurrent-requests); "
+                             "retry later")
+        self.active_requests += 1
+        try:
+            yield
+        finally:
+            self.active_requests -= 1
 
     # ---- the drafter's health and compatibility ----------------------------------------------
     async def usable_drafter(self):
         """The drafter if it is up and shares the target's vocabulary; None (with a reason) if down."""
         if self.drafter is None:
             return None
-        now = time.monotonic()
-        if self._drafter_down_since is not None and now - self._drafter_down_since < self.config.drafter_retry_s:
-            return None
+        if self._drafter_down_since is not None:
+            return None                     # a background probe brings it back (mark_drafter_down)
         if self._drafter_info is None:
             try:
                 info = await self.drafter.info()
@@ -109,6 +130,33 @@ class Gateway:
         self._drafter_down_since = time.monotonic()
         self._drafter_info = None           # re-check compatibility when it is back (it may be another model)
         self.drafter_down_reason = reason
+        if self._drafter_probe is None or self._drafter_probe.done():
+            with contextlib.suppress(RuntimeError):       # no running loop: the next request retries
+                self._drafter_probe = asyncio.get_running_loop().create_task(self._probe_drafter())
+
+    @property
+    def drafter_healthy(self) -> bool:
+        return self.drafter is not None and self._drafter_down_since is None
+
+    async def _probe_drafter(self) -> None:
+        """Asks a failed drafter for its info with exponential backoff until it answers; requests meanwhile
+        decode with the target alone and never wait for it. Once back, the next request speculates."""
+        delay = self.config.drafter_retry_s
+        while self._drafter_down_since is not None:
+            await asyncio.sleep(delay)
+            try:
+                info = await self.drafter.info(wait_s=min(max(delay, 1.0), 5.0))
+            except DrafterUnavailable as exc:
+                self.drafter_down_reason = str(exc)
+                delay = min(delay * 2, self.config.drafter_retry_max_s)
+                continue
+            except Exception as exc:                      # noqa: BLE001 - keep probing whatever went wrong
+                self.drafter_down_reason = f"drafter probe failed: {exc!r}"
+                delay = min(delay * 2, self.config.drafter_retry_max_s)
+                continue
+            self._drafter_info = info if info.vocab_hash == self.target.vocab_hash else None
+            self._drafter_down_since = None
+            self.drafter_down_reason = ""
 
     @property
     def drafter_name(self) -> str:
@@ -192,8 +240,12 @@ class Gateway:
 
     async def _end_sessions(self, session_id: str, drafter) -> None:
         ends = [self.verifier.end(session_id)]
-        if drafter is not None:
+        if drafter is not None and self.drafter_healthy:
             ends.append(drafter.end(session_id))
+        elif drafter is not None:           # a drafter that failed must not delay the reply: try in the background
+            task = asyncio.ensure_future(drafter.end(session_id))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         await asyncio.gather(*ends, return_exceptions=True)
 
     def finish_reason(self, generated: list[int], params: GenerateParams) -> str:

@@ -21,7 +21,8 @@ class DrafterLostSession(Exception):
 
 
 class DrafterPort(Protocol):
-    async def info(self) -> ModelInfo: ...
+    async def info(self, wait_s: float | None = None) -> ModelInfo:
+        """The drafter's model info; ``wait_s``: wait that long for it to become reachable."""
 
     async def propose(self, session_id: str, prefix_length: int, appended_tokens: Sequence[int], k: int,
                       sampling: SamplingParams) -> Proposal: ...

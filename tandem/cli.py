@@ -33,12 +33,30 @@ def flag(parser: argparse.ArgumentParser, name: str, default=None, cast=str, hel
                             help=f"{help} [env {envvar}; default {default}]", **kw)
 
 
+# ---- TLS and the token (tandem.security) --------------------------------------------------------------
+def _security_flags(p: argparse.ArgumentParser, server: bool) -> None:
+    flag(p, "tls-cert", None, help="PEM certificate of this node (tandem certs makes one); as a client, the "
+         "certificate presented to servers that require client certificates")
+    flag(p, "tls-key", None, help="PEM private key of --tls-cert")
+    flag(p, "tls-ca", None, help="PEM CA certificate that signed the peers' certificates (turns TLS on for "
+         "outgoing calls)")
+    flag(p, "tls-server-name", None, help="expect this name in the server's certificate instead of the "
+         "address's host")
+    flag(p, "token", None, help="shared secret: servers require 'authorization: Bearer <token>' on every call "
+         "(health checks excepted), clients send it; prefer the environment variable to the flag")
+    if server:
+        flag(p, "tls-client-auth", help="require client certificates signed by --tls-ca (mutual TLS)", cast=bool)
+        flag(p, "insecure", help="allow listening on a non-loopback address without TLS", cast=bool)
+
+
 # ---- serve-* ---------------------------------------------------------------------------------------
 def _serve_common(p: argparse.ArgumentParser, port_default: int) -> None:
-    flag(p, "host", DEFAULT_HOST, help="address to listen on (loopback by default)")
+    flag(p, "host", DEFAULT_HOST, help="address to listen on (loopback by default; any other needs TLS or "
+         "--insecure)")
     flag(p, "port", port_default, int, help="port to listen on (0 picks a free one)")
     flag(p, "port-file", None, help="write the bound port to this file once listening")
     flag(p, "grace", 5.0, float, help="seconds in-flight calls get to finish on SIGTERM/SIGINT")
+    _security_flags(p, server=True)
     flag(p, "metrics-port", None, int, help="serve Prometheus metrics on http://HOST:PORT/metrics (unset: off; "
          "0: a free port). Tracing: set OTEL_EXPORTER_OTLP_ENDPOINT (see deploy/TRACING.md)")
 
@@ -112,6 +130,10 @@ def configure_serve_gateway(p):
     flag(p, "max-tokens-limit", 4096, int, help="largest max_tokens a request may ask for")
     flag(p, "no-speculation", help="decode with the target alone by default (the baseline)", cast=bool)
     flag(p, "wait", 300.0, float, help="seconds to wait for the verifier at start")
+    flag(p, "max-concurrent-requests", 64, int, help="requests served at once; more are refused at once with "
+         "RESOURCE_EXHAUSTED (0: no limit)")
+    flag(p, "drafter-retry-max", 15.0, float, help="longest wait in seconds between probes of a failed drafter "
+         "(the wait starts at 1 s and doubles)")
     _serve_common(p, 50051)
 
 
@@ -123,7 +145,9 @@ async def _serve_gateway(args) -> int:
 
     tracing = telemetry.setup("tandem-gateway")
     config = GatewayConfig(draft_length=args.draft_length, max_tokens_limit=args.max_tokens_limit,
-                           no_speculation=args.no_speculation)
+                           no_speculation=args.no_speculation,
+                           max_concurrent_requests=args.max_concurrent_requests,
+                           drafter_retry_max_s=args.drafter_retry_max)
     gateway = await connect_gateway(args.verifier, args.drafter or None, config, wait_s=args.wait,
                                     interceptors=tracing.client_interceptors())
     service = await start_gateway(gateway, args.host, args.port, interceptors=tracing.server_interceptors())
@@ -153,6 +177,7 @@ def configure_generate(p):
     flag(p, "json", help="print the whole reply as one JSON object", cast=bool)
     flag(p, "trace", help="print the request's round-by-round timeline", cast=bool)
     flag(p, "timeout", 600.0, float, help="deadline of the call in seconds")
+    _security_flags(p, server=False)
 
 
 def _generate(args) -> int:
@@ -176,6 +201,10 @@ COMMANDS = {
                 "train a small drafter for a target and export it to ONNX"),
     "bench": ("tandem.bench.cli:configure", "tandem.bench.cli:run",
               "benchmark speculative vs plain decoding on Spec-Bench"),
+    "certs": ("tandem.security:configure_certs", "tandem.security:run_certs",
+              "create a small CA and node certificates (server + client) for TLS / mTLS between the machines"),
+    "health": ("tandem.health:configure", "tandem.health:run",
+               "ask a drafter, verifier or gateway whether it is serving (gRPC health; exit code 0 if so)"),
 }
 
 
@@ -208,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     run = _resolve(COMMANDS[args.command][1])
+    if hasattr(args, "token"):          # TLS and the token of every server and channel this process opens
+        from tandem.security import Security, set_default
+
+        set_default(Security.from_args(args))
     try:
         result = asyncio.run(run(args)) if asyncio.iscoroutinefunction(run) else run(args)
     except KeyboardInterrupt:

@@ -45,13 +45,17 @@ def round_table(s: gateway_pb2.GenerateStats) -> str:
 
 
 def generate_command(args) -> int:
+    from tandem import security
+
     request = build_request(args)
-    with grpc.insecure_channel(args.gateway, options=CHANNEL_OPTIONS) as channel:
+    sec = security.default()
+    metadata = sec.call_metadata()
+    with sec.sync_channel(args.gateway, options=CHANNEL_OPTIONS) as channel:
         stub = gateway_grpc.GatewayStub(channel)
         try:
             if args.stream and not args.json:
                 stats = None
-                for chunk in stub.GenerateStream(request, timeout=args.timeout):
+                for chunk in stub.GenerateStream(request, timeout=args.timeout, metadata=metadata):
                     sys.stdout.write(chunk.text)
                     sys.stdout.flush()
                     if chunk.HasField("stats"):
@@ -59,7 +63,7 @@ def generate_command(args) -> int:
                 print()
                 reply = gateway_pb2.GenerateReply(stats=stats)
             else:
-                reply = stub.Generate(request, timeout=args.timeout)
+                reply = stub.Generate(request, timeout=args.timeout, metadata=metadata)
         except grpc.RpcError as err:
             print(f"tandem generate: {err.code().name}: {err.details()}", file=sys.stderr)
             return 1

@@ -33,6 +33,10 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    # A peer that was down (a drafter switched off) is retried within seconds once it is back,
+    # not after gRPC's default backoff of up to two minutes.
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 5_000),
 ]
 ERROR_KIND_KEY = "tandem-error"
 
@@ -71,21 +75,51 @@ class Service:
 
 
 async def start_service(name: str, register: Callable[[grpc.aio.Server], None], service_names: Sequence[str],
-                        host: str = "127.0.0.1", port: int = 0, interceptors: Sequence = ()) -> Service:
-    """Builds, binds and starts a server; ``register`` adds the servicers to it."""
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
+                        host: str = "127.0.0.1", port: int = 0, interceptors: Sequence = (),
+                        security=None) -> Service:
+    """Builds, binds and starts a server; ``register`` adds the servicers to it.
+
+    ``security`` (default: the process's, from the --tls-*/--token flags) gives TLS credentials and the
+    token check; plaintext is refused on a non-loopback ``host`` unless it says --insecure."""
+    from tandem import security as sec
+
+    security = security or sec.default()
+    security.check_listen(host, name)
+    credentials = security.server_credentials()
+    server = grpc.aio.server(options=SERVER_OPTIONS,
+                             interceptors=[*security.server_interceptors(), *interceptors])
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    bound = server.add_insecure_port(address)
+    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"{name}: cannot listen on {address} (port in use?)")
     await server.start()
     for svc in ("", *service_names):
         await health_servicer.set(svc, health_pb2.HealthCheckResponse.SERVING)
     return Service(server, bound, health_servicer)
+
+
+async def complete_or_undo(work: Awaitable, undo: Callable[[], object]):
+    """Awaits ``work`` (a thread that may create a session). If the call is cancelled meanwhile (the client
+    went away, its deadline passed), the thread still finishes; ``undo`` then frees what it created, so
+    nothing outlives a cancelled call (the caller's EndSession may already have come and gone)."""
+    future = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        def _undo(f: asyncio.Future) -> None:
+            if not f.cancelled() and f.exception() is None:
+                undo()
+        future.add_done_callback(_undo)
+        raise
+
+
+def evict_period(ttl_s: float) -> float:
+    """How often a server looks for idle sessions: a quarter of the TTL, between 0.5 s and 30 s."""
+    return min(30.0, max(0.5, ttl_s / 4))
 
 
 async def run_until_signalled(service: Service, name: str, grace: float = 5.0, port_file: str | None = None,

@@ -71,11 +71,16 @@ class Cluster:
         return ""
 
     def stop(self, grace: float = 10.0) -> None:
-        for proc in self.procs.values():
+        # The gateway first: its in-flight requests still need the drafter and the verifier to finish.
+        order = sorted(self.procs.values(), key=lambda p: p is not self.procs.get("gateway"))
+        end = time.monotonic() + grace
+        for proc in order:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        end = time.monotonic() + grace
-        for proc in self.procs.values():
+            if proc is self.procs.get("gateway"):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(max(0.1, end - time.monotonic()))
+        for proc in order:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(max(0.1, end - time.monotonic()))
             if proc.poll() is None:

@@ -36,3 +36,21 @@ def tiny_drafter_export(tiny_drafter_dir, tmp_path_factory):
 def tiny_drafter_onnx(tiny_drafter_export) -> Path:
     """Directory holding model.onnx + drafter.json of the tiny drafter (what OnnxDrafter loads)."""
     return tiny_drafter_export[0]
+
+
+@pytest.fixture(scope="session")
+def tiny_long_target_dir(tmp_path_factory) -> Path:
+    """The tiny target with room for 512 positions (256-token generations)."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_long_target"), seed=1, max_positions=512)
+
+
+@pytest.fixture(scope="session")
+def tiny_long_drafter_onnx(tmp_path_factory) -> Path:
+    """The tiny drafter with 512 positions, exported to ONNX (a directory OnnxDrafter and serve-drafter load)."""
+    from tandem.export import export_drafter
+
+    src = make_tiny_model(tmp_path_factory.mktemp("tiny_long_drafter"), seed=2, hidden=16, layers=1, heads=2,
+                          kv_heads=1, max_positions=512)
+    out = tmp_path_factory.mktemp("tiny_long_drafter_onnx")
+    export_drafter(src, out, check=True)
+    return out

@@ -26,7 +26,7 @@ class LocalDrafter:
     def __init__(self, drafter):
         self.drafter = drafter
 
-    async def info(self):
+    async def info(self, wait_s=None):
         return self.drafter.info
 
     async def propose(self, session_id, prefix_length, appended_tokens, k, sampling):

@@ -7,7 +7,7 @@ import asyncio
 from tandem.convert import draft_from_pb, info_to_pb, sampling_from_pb
 from tandem.metrics import VerifierMetrics
 from tandem.pb import common_pb2, verifier_grpc, verifier_pb2
-from tandem.serving import abort_on_error
+from tandem.serving import abort_on_error, complete_or_undo
 from verifier_service.target import Target
 
 
@@ -28,8 +28,10 @@ class VerifierServicer(verifier_grpc.VerifierServicer):
 
     @abort_on_error
     async def StartSession(self, request, context):
-        first, ms = await asyncio.to_thread(self.target.start, request.session_id, list(request.prompt_ids),
-                                            sampling_from_pb(request.sampling))
+        first, ms = await complete_or_undo(
+            asyncio.to_thread(self.target.start, request.session_id, list(request.prompt_ids),
+                              sampling_from_pb(request.sampling)),
+            lambda: self.target.end(request.session_id))
         self.metrics.prefilled(ms)
         return verifier_pb2.StartSessionReply(first_token=first, compute_ms=ms)
 
