@@ -4,18 +4,17 @@ tests/e2e/bench_tracing_overhead.py."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
-import time
 from concurrent import futures
 from pathlib import Path
 
 import grpc
+
+from procs import ServiceProcess, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,67 +76,45 @@ class Services:
     def __init__(self, target_dir, drafter_dir, env: dict | None = None, draft_length: int = 3,
                  extra: dict[str, list[str]] | None = None, startup_timeout: float = 300.0):
         self.dir = Path(tempfile.mkdtemp(prefix="tandem-procs-"))
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TANDEM_"))}
-        self.env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
-                        PYTHONPATH=str(REPO), **(env or {}))
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.ports: dict[str, int] = {}
+        # Start from a clean telemetry/config environment: only what the test passes applies.
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TANDEM_"))}
+        self.env = dict(base, **(env or {}))
+        self.services: dict[str, ServiceProcess] = {}
         extra = extra or {}
-        deadline = time.monotonic() + startup_timeout
         try:
-            self._spawn("verifier", ["--target", str(target_dir), "--threads", "1", *extra.get("verifier", [])])
-            self._spawn("drafter", ["--drafter", str(drafter_dir), "--threads", "1", *extra.get("drafter", [])])
-            verifier, drafter = self._wait("verifier", deadline), self._wait("drafter", deadline)
-            self._spawn("gateway", ["--verifier", f"127.0.0.1:{verifier}", "--drafter", f"127.0.0.1:{drafter}",
-                                    "--draft-length", str(draft_length), *extra.get("gateway", [])])
-            self._wait("gateway", deadline)
+            verifier = self._start("verifier", ["--target", str(target_dir), "--threads", "1",
+                                                *extra.get("verifier", [])], startup_timeout)
+            drafter = self._start("drafter", ["--drafter", str(drafter_dir), "--threads", "1",
+                                              *extra.get("drafter", [])], startup_timeout)
+            self._start("gateway", ["--verifier", f"127.0.0.1:{verifier}", "--drafter", f"127.0.0.1:{drafter}",
+                                    "--draft-length", str(draft_length), *extra.get("gateway", [])], startup_timeout)
         except BaseException:
             self.stop()
             raise
-        self.gateway_address = f"127.0.0.1:{self.ports['gateway']}"
+        self.gateway_address = f"127.0.0.1:{self.services['gateway'].port}"
 
-    def _spawn(self, name: str, args: list[str]) -> None:
-        log = open(self.dir / f"{name}.log", "w")
-        self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "tandem.cli", f"serve-{name}", *args, "--port", "0", "--grace", "1",
-             "--port-file", str(self.dir / f"{name}.port")], stdout=log, stderr=subprocess.STDOUT, env=self.env,
-            cwd=REPO)
+    def _start(self, name: str, args: list[str], timeout: float) -> int:
+        svc = ServiceProcess(name, [*args, "--port", "0", "--grace", "1"], self.dir, env=self.env, clean_env=True)
+        self.services[name] = svc
+        port = svc.wait_port(timeout)
+        wait_healthy(f"127.0.0.1:{port}", timeout)
+        return port
 
-    def _wait(self, name: str, deadline: float) -> int:
-        from tandem.up import wait_healthy
-
-        port_file = self.dir / f"{name}.port"
-        while time.monotonic() < deadline:
-            if self.procs[name].poll() is not None:
-                raise RuntimeError(f"{name} exited ({self.procs[name].returncode}):\n{self.log(name)}")
-            if port_file.exists() and port_file.read_text().strip():
-                self.ports[name] = int(port_file.read_text())
-                wait_healthy(f"127.0.0.1:{self.ports[name]}", deadline)
-                return self.ports[name]
-            time.sleep(0.1)
-        raise TimeoutError(f"{name} did not come up:\n{self.log(name)}")
+    @property
+    def procs(self) -> dict[str, subprocess.Popen]:
+        return {name: svc.proc for name, svc in self.services.items()}
 
     def log(self, name: str) -> str:
-        with contextlib.suppress(OSError):
-            return (self.dir / f"{name}.log").read_text()[-4000:]
-        return ""
+        return self.services[name].tail(60) if name in self.services else ""
 
     def stop(self, timeout: float = 30.0) -> dict[str, int | None]:
         """SIGTERM to all (gateway first), then wait; returns the exit codes."""
         for name in ("gateway", "drafter", "verifier"):
-            proc = self.procs.get(name)
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        end = time.monotonic() + timeout
-        codes = {}
-        for name, proc in self.procs.items():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.1, end - time.monotonic()))
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            codes[name] = proc.returncode
-        return codes
+            if name in self.services:
+                self.services[name].signal(signal.SIGTERM)
+        for svc in self.services.values():
+            svc.close(timeout)
+        return {name: svc.proc.returncode for name, svc in self.services.items()}
 
     def __enter__(self):
         return self

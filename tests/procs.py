@@ -23,15 +23,17 @@ class ServiceProcess:
     """``tandem serve-<kind> ... --port-file F``; ``prefix`` runs it under e.g. ``ip netns exec NS``."""
 
     def __init__(self, kind: str, args: list[str], log_dir: Path, name: str | None = None,
-                 prefix: list[str] = (), env: dict | None = None):
+                 prefix: list[str] = (), env: dict | None = None, clean_env: bool = False):
+        """``clean_env``: ``env`` is the whole environment (plus the test defaults), not added to os.environ."""
         self.kind, self.name = kind, name or kind
         self.log_dir = Path(log_dir)
         self.port_file = self.log_dir / f"{self.name}.port"
         self.port_file.unlink(missing_ok=True)
         self.log_path = self.log_dir / f"{self.name}.log"
         self.log = open(self.log_path, "a")
-        full_env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
-                        OMP_NUM_THREADS="1", **(env or {}))
+        full_env = {} if clean_env else dict(os.environ)
+        full_env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+        full_env.update(env or {})
         full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "tandem.cli", f"serve-{kind}", *args,
                                       "--port-file", str(self.port_file)],

@@ -12,7 +12,6 @@ fail the same test, so the test can fail.
 """
 
 import asyncio
-import itertools
 
 import numpy as np
 import pytest
