@@ -69,6 +69,9 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     t.add_argument("--steps", type=int, default=2000, help="optimizer steps; one step = one prompt group (default: %(default)s)")
     t.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default: %(default)s)")
     t.add_argument("--warmup", type=int, default=100, help="warm-up steps (default: %(default)s)")
+    t.add_argument("--answers-per-step", type=int, default=6,
+                   help="answers to one prompt trained in one step (the prompt is encoded once for them) "
+                        "(default: %(default)s)")
     t.add_argument("--max-prompt", type=int, default=1024, help="prompt tokens kept (the last ones) (default: %(default)s)")
     t.add_argument("--prompt-fraction", type=float, default=0.1,
                    help="fraction of prompt positions trained besides the answers (default: %(default)s)")
@@ -80,6 +83,9 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     t.add_argument("--eval-every", type=int, default=50, help="held-out agreement every N steps (default: %(default)s)")
     t.add_argument("--final", choices=["best", "last"], default="best",
                    help="weights written to --out: the best held-out evaluation or the last step (default: %(default)s)")
+    t.add_argument("--time-budget", type=float, default=0, metavar="MINUTES",
+                   help="stop this run after MINUTES of training, with the cosine decay ending then "
+                        "(whichever of --steps and the budget comes first; 0 = off)")
     t.add_argument("--resume", action="store_true", help="continue from the checkpoint in the work directory")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     e = parser.add_argument_group("export")
@@ -186,7 +192,11 @@ def run(args) -> int:
         if not shard_paths:
             log(f"no files match --teacher-shards {args.teacher_shards}")
             return 2
-        records, manifest = [], [{"source": str(p), "kind": "teacher-pass file"} for p in shard_paths]
+        records, manifest = [], data.shard_manifest(shard_paths)
+        bad = [m["source"] for m in manifest if not m["all_training_split"]]
+        if bad:
+            log(f"refusing teacher files with held-out Spec-Bench questions (id % 4 != 0): {bad}")
+            return 2
     else:
         records, manifest = collect_records(args, target, tokenizer, work, log)
         if not records:
@@ -218,13 +228,15 @@ def run(args) -> int:
     shards = data.load_shards(shard_paths)
 
     # ---- split for the progress metric (by prompt), draft vocabulary, student
-    import random
-    keys = sorted({(s.get("question_id"), s["tokens"][:s["start"]].tobytes()) for s in shards}, key=lambda k: (str(k[0]), k[1]))
-    random.Random(args.seed).shuffle(keys)
-    n_val = max(1, round(len(keys) * args.heldout_fraction)) if len(keys) > 1 else 0
-    val_keys = set(keys[:n_val])
-    tr_sh = [s for s in shards if (s.get("question_id"), s["tokens"][:s["start"]].tobytes()) not in val_keys]
-    va_sh = [s for s in shards if (s.get("question_id"), s["tokens"][:s["start"]].tobytes()) in val_keys] or tr_sh[:1]
+    import hashlib
+
+    def is_val(s) -> bool:  # stable per prompt, whatever other data is present
+        key = f"{s.get('question_id')}|".encode() + s["tokens"][:s["start"]].tobytes()
+        return int(hashlib.sha1(key).hexdigest()[:8], 16) % 10000 < args.heldout_fraction * 10000
+
+    va_sh = [s for s in shards if is_val(s)]
+    tr_sh = [s for s in shards if not is_val(s)] or va_sh
+    va_sh = va_sh or tr_sh[:1]
     counts = collections.Counter()
     for s in tr_sh:
         counts.update(s["tokens"].tolist())
@@ -247,11 +259,13 @@ def run(args) -> int:
 
     cfg = train.TrainConfig(steps=args.steps, lr=args.lr, warmup=min(args.warmup, max(1, args.steps // 10)),
                             max_prompt=args.max_prompt, prompt_fraction=args.prompt_fraction, seed=args.seed,
-                            ckpt_every=args.ckpt_every, eval_every=args.eval_every, threads=args.threads)
-    tr_groups = train.make_groups(tr_sh, max_prompt=args.max_prompt)
-    va_groups = train.make_groups(va_sh, max_prompt=args.max_prompt)
+                            ckpt_every=args.ckpt_every, eval_every=args.eval_every, threads=args.threads,
+                            time_budget_s=args.time_budget * 60)
+    tr_groups = train.make_groups(tr_sh, max_prompt=args.max_prompt, answers_per_group=args.answers_per_step)
+    va_groups = train.make_groups(va_sh, max_prompt=args.max_prompt, answers_per_group=args.answers_per_step)
     trainer = train.Trainer(model, draft_vocab, tr_groups, va_groups, cfg, work, progress=not args.no_progress)
     if args.resume and trainer.load_checkpoint():
+        trainer.best = (-1.0, 0)  # the held-out set may differ from the previous run's: track anew
         log(f"resumed at step {trainer.step}")
     elif trainer.ckpt_path.exists() and not args.resume:
         log(f"a checkpoint exists in {work}: starting over (use --resume to continue it)")

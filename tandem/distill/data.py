@@ -285,3 +285,20 @@ def split_records(records: list[Record], heldout_fraction: float = 0.05, seed: i
     tr = [r for r in records if (r.question_id, tuple(r.prompt_ids[:64])) not in val]
     va = [r for r in records if (r.question_id, tuple(r.prompt_ids[:64])) in val]
     return tr, va
+
+
+def shard_manifest(paths: list[str | os.PathLike]) -> list[dict]:
+    """What teacher-pass files hold: per file, records, tokens, sources and Spec-Bench question ids."""
+    import torch
+
+    out = []
+    for p in paths:
+        recs = torch.load(p, weights_only=False)
+        qids = sorted({int(r["question_id"]) for r in recs if r.get("question_id") is not None})
+        out.append({"source": str(p), "kind": "teacher-pass file",
+                    "records": len(recs), "answer_tokens": int(sum(len(r["tokens"]) - r["start"] for r in recs)),
+                    "prompt_tokens": int(sum(r["start"] for r in recs)),
+                    "from": sorted({str(r.get("source")) for r in recs}),
+                    "question_ids": qids,
+                    "all_training_split": all(is_training_question(q) for q in qids)})
+    return out

@@ -244,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--onnx", action="append", default=[], help="drafter model.onnx (simulated in ONNX Runtime); repeatable")
     e.add_argument("--k", type=int, default=4)
     e.add_argument("--limit", type=int, default=0, help="use only the first N references (0 = all)")
+    e.add_argument("--per-category", type=int, default=0,
+                   help="use only the first N references of each category (0 = all)")
+    e.add_argument("--no-cost", action="store_true", help="skip the step-cost measurement")
     e.add_argument("--threads", type=int, default=1, help="ONNX Runtime and torch threads")
     e.add_argument("--out", default=None, help="write the results (JSON) here, e.g. <drafter dir>/eval.json")
     args = ap.parse_args(argv)
@@ -259,6 +262,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {n} references to {args.out}", file=sys.stderr)
         return 0
     refs = load_refs(args.refs)
+    if args.per_category:
+        seen: dict = collections.Counter()
+        keep = []
+        for r in sorted(refs, key=lambda r: r["question_id"]):
+            if seen[r["category"]] < args.per_category:
+                seen[r["category"]] += 1
+                keep.append(r)
+        refs = keep
     if args.limit:
         refs = refs[:args.limit]
     res: dict = {"tau": {}, "cost": {}, "commands": ["python -m tandem.distill.evaluate " + " ".join(sys.argv[1:])],
@@ -274,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.onnx:
         name = f"ONNX {Path(path).parent.name}/{Path(path).name}"
         res["tau"][name] = simulate_tau(OrtDrafter(path, threads=args.threads), refs, k=args.k)
-    if args.onnx:
+    if args.onnx and not args.no_cost:
         target, _, _ = load_causal_lm(args.target)
         for path in args.onnx:
             res["cost"][f"{Path(path).parent.name}/{Path(path).name}"] = step_costs(

@@ -44,6 +44,7 @@ class TrainConfig:
     eval_groups: int = 8
     threads: int = 1
     grad_clip: float = 1.0
+    time_budget_s: float = 0.0  # > 0: this run stops after that much wall time, the cosine decay ending then
 
 
 @dataclass
@@ -126,11 +127,20 @@ class Trainer:
         self.best = (-1.0, 0)  # (held-out agreement, step) of best.pt
         self._stop = False
 
+    def _progress(self, step: int) -> float:
+        """Fraction of the cosine decay done: by steps, or (with a time budget) by this run's time."""
+        c = self.cfg
+        prog = min(1.0, (step - c.warmup) / max(1, c.steps - c.warmup))
+        if c.time_budget_s and getattr(self, "_t_run", None) is not None:
+            frac = (time.perf_counter() - self._t_run) / c.time_budget_s
+            prog = max(prog, min(1.0, self._p_run + (1 - self._p_run) * frac))
+        return prog
+
     def _lr_lambda(self, step: int) -> float:
         c = self.cfg
         if step < c.warmup:
             return (step + 1) / c.warmup
-        prog = min(1.0, (step - c.warmup) / max(1, c.steps - c.warmup))
+        prog = self._progress(step)
         return c.min_lr_ratio + (1 - c.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * prog))
 
     # ---------------------------------------------------------------- checkpoints
@@ -159,6 +169,10 @@ class Trainer:
             self.head.copy_(st["head"])
         self.opt.load_state_dict(st["opt"])
         self.sched.load_state_dict(st["sched"])
+        # the peak learning rate of *this* run's config applies from here on (it may differ on resume)
+        self.sched.base_lrs = [self.cfg.lr for _ in self.opt.param_groups]
+        for grp in self.opt.param_groups:
+            grp["initial_lr"] = self.cfg.lr
         self.step, self.epoch, self.batch_in_epoch = st["step"], st["epoch"], st["batch_in_epoch"]
         self.train_seconds, self.tokens_seen = st["train_seconds"], st["tokens_seen"]
         self.history = st.get("history", [])
@@ -294,10 +308,18 @@ class Trainer:
         metrics_path = self.work / "metrics.jsonl"
         last_agree = self.history[-1]["heldout_agree"] if self.history else float("nan")
         ema = None
+        self._t_run = None
+        self._p_run = max(0.0, self._progress(self.step)) if self.step >= cfg.warmup else 0.0
+        self._t_run = time.perf_counter()
+
+        def out_of_time() -> bool:
+            return bool(cfg.time_budget_s) and time.perf_counter() - self._t_run >= cfg.time_budget_s
+
         try:
-            while self.step < cfg.steps and not self._stop:
+            while self.step < cfg.steps and not self._stop and not out_of_time():
                 batches = batches_for_epoch(self.train_ex, cfg.seed, self.epoch)
-                while self.batch_in_epoch < len(batches) and self.step < cfg.steps and not self._stop:
+                while self.batch_in_epoch < len(batches) and self.step < cfg.steps and not self._stop \
+                        and not out_of_time():
                     rng = np.random.default_rng(cfg.seed * 7919 + self.step)
                     t0 = time.perf_counter()
                     out = self.train_step(batches[self.batch_in_epoch], rng)
