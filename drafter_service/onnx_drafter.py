@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from drafter_service.lookup import prompt_lookup
 from drafter_service.sampling import sample_index, session_rng, truncate_support, warp
 from drafter_service.sessions import SessionStore
 from tandem import telemetry
@@ -140,7 +141,10 @@ class OnnxDrafter:
     """Proposes draft blocks with an ONNX decoder; thread-safe (one proposal per session at a time)."""
 
     def __init__(self, model_path, *, threads: int | None = None, providers: list[str] | None = None,
-                 support_size: int = 64, session_ttl_s: float = 600.0, max_sessions: int | None = None):
+                 support_size: int = 64, session_ttl_s: float = 600.0, max_sessions: int | None = None,
+                 lookup_max_ngram: int = 0, lookup_min_ngram: int = 2):
+        """``lookup_max_ngram`` > 0 turns on prompt lookup (drafter_service.lookup): draft tokens copied
+        from the context when its last n-gram (n = max .. min) recurs, the model drafting the rest."""
         import onnxruntime as ort
 
         self.onnx_path, meta_path = _resolve_paths(model_path)
@@ -199,6 +203,7 @@ class OnnxDrafter:
         self._info = ModelInfo(self.meta.model_name, self.meta.vocab_size, self.meta.vocab_hash,
                                self.meta.max_context, self.meta.eos_token_ids)
         self.support_size = int(support_size)
+        self.lookup_max_ngram, self.lookup_min_ngram = int(lookup_max_ngram), max(1, int(lookup_min_ngram))
         self.sessions: SessionStore[_Session] = SessionStore(session_ttl_s, max_sessions=max_sessions)
         log.info("drafter %s: %d layers, vocab %d, providers %s", self.meta.model_name, layers,
                  self.meta.vocab_size, self.providers)
@@ -307,15 +312,20 @@ class OnnxDrafter:
             past = [np.ascontiguousarray(x[:, :, :common]) for x in session.kv]
         else:
             past = session.kv
-        outs = self._run(context[common:], past)
-        session.kv, session.kv_ids = outs[1:], list(context)
+        # Free draft tokens copied from the context first (q = point mass); the model drafts the rest.
+        looked = prompt_lookup(context, k, self.lookup_max_ngram, self.lookup_min_ngram) if self.lookup_max_ngram else []
+        tokens: list[DraftToken] = [DraftToken(t) if sampling.greedy else DraftToken(t, (t,), (1.0,)) for t in looked]
+        if len(tokens) == k:
+            return tokens           # no model run: the KV cache catches up at the next proposal
+        fed = context + looked
+        outs = self._run(fed[common:], past)
+        session.kv, session.kv_ids = outs[1:], list(fed)
 
         if not sampling.greedy and (session.rng is None or session.rng_seed != sampling.seed):
             session.rng, session.rng_seed = session_rng(sampling.seed), sampling.seed
         dv = self.meta.draft_vocab
-        tokens: list[DraftToken] = []
         logits = outs[0][0, -1]
-        for step in range(k):
+        for step in range(len(looked), k):
             if sampling.greedy:
                 idx = int(np.argmax(logits))
                 tok = DraftToken(int(dv[idx]) if dv is not None else idx)

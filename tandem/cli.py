@@ -67,6 +67,10 @@ def configure_serve_drafter(p):
     flag(p, "threads", 1, int, help="ONNX Runtime intra-op threads")
     flag(p, "support-size", 64, int, help="sampled drafts: q is truncated to its top-N tokens (exactly what is "
          "sampled from and sent to the verifier)")
+    flag(p, "lookup-ngram", 4, int, help="prompt lookup: when the context's last n-gram (n = this .. "
+         "--lookup-min-ngram) recurred earlier, draft the tokens that followed it for free (q = point mass, "
+         "exact); the model drafts the rest. 0 turns it off")
+    flag(p, "lookup-min-ngram", 2, int, help="shortest n-gram prompt lookup matches")
     flag(p, "session-ttl", 600.0, float, help="seconds after which an idle session's KV cache is freed")
     _serve_common(p, 50061)
 
@@ -80,7 +84,8 @@ async def _serve_drafter(args) -> int:
 
     tracing = telemetry.setup("tandem-drafter")
     drafter = OnnxDrafter(resolve_drafter(args.drafter), threads=args.threads, support_size=args.support_size,
-                          session_ttl_s=args.session_ttl)
+                          session_ttl_s=args.session_ttl, lookup_max_ngram=args.lookup_ngram,
+                          lookup_min_ngram=args.lookup_min_ngram)
     service = await start_drafter(drafter, args.host, args.port, interceptors=tracing.server_interceptors())
     metrics.serve(service.metrics, args.metrics_port, args.host)
     try:

@@ -8,7 +8,8 @@ histogram of (t1, t2, t3) with the exact joint distribution computed from the ta
 (p(t1) p(t2|t1) p(t3|t1,t2)) by a chi-square test; cells with expected count < 5 are pooled.
 False-alarm rate: the test fails when p < 1e-3 (one run in a thousand of a correct sampler).
 A control run with a broken rule (every draft accepted, i.e. the drafter's distribution) must
-fail the same test, so the test can fail.
+fail the same test, so the test can fail. The test runs twice: with the model drafting, and with
+prompt lookup on a prompt whose bigram recurs (draft tokens copied from the context, q = point mass).
 """
 
 import asyncio
@@ -51,7 +52,7 @@ def drafter(tiny_drafter_onnx):
     return OnnxDrafter(tiny_drafter_onnx, threads=1)
 
 
-def exact_joint(target, sampling) -> dict[tuple[int, int, int], float]:
+def exact_joint(target, sampling, prompt=PROMPT) -> dict[tuple[int, int, int], float]:
     """p(t1, t2, t3) by enumeration over the warped target distribution."""
     model = target.model
 
@@ -60,21 +61,21 @@ def exact_joint(target, sampling) -> dict[tuple[int, int, int], float]:
             return warp(model(torch.tensor([list(seq)])).logits[0, -1], sampling)
 
     joint = {}
-    p1 = dist(PROMPT)
+    p1 = dist(prompt)
     for t1 in p1.nonzero().flatten().tolist():
-        p2 = dist(PROMPT + (t1,))
+        p2 = dist(prompt + (t1,))
         for t2 in p2.nonzero().flatten().tolist():
-            p3 = dist(PROMPT + (t1, t2))
+            p3 = dist(prompt + (t1, t2))
             for t3 in p3.nonzero().flatten().tolist():
                 joint[(t1, t2, t3)] = float(p1[t1] * p2[t2] * p3[t3])
     return joint
 
 
-def draw(verifier, drafter, n, sampling, k=1):
+def draw(verifier, drafter, n, sampling, k=1, prompt=PROMPT):
     async def run():
         counts = {}
         for i in range(n):
-            req = Request(f"s{i}", PROMPT, 3, SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed=i),
+            req = Request(f"s{i}", prompt, 3, SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed=i),
                           k, frozenset(), 256)
             tokens = []
             async for rnd in generate_rounds(req, verifier, drafter):
@@ -100,10 +101,19 @@ def chi_square_p(counts, joint, n) -> float:
     return float(chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
 
 
-def test_speculative_sampling_matches_target_distribution(target, drafter):
-    joint = exact_joint(target, SAMPLING)
+@pytest.fixture(scope="module")
+def lookup_drafter(tiny_drafter_onnx):
+    from drafter_service.onnx_drafter import OnnxDrafter
+
+    return OnnxDrafter(tiny_drafter_onnx, threads=1, lookup_max_ngram=2, lookup_min_ngram=1)
+
+
+@pytest.mark.parametrize("which, prompt", [("model", PROMPT), ("lookup", (5, 9, 14, 5, 9))])
+def test_speculative_sampling_matches_target_distribution(target, drafter, lookup_drafter, which, prompt):
+    joint = exact_joint(target, SAMPLING, prompt)
     assert abs(sum(joint.values()) - 1) < 1e-4
-    counts = draw(LocalVerifier(target), LocalDrafter(drafter), N, SAMPLING)
+    counts = draw(LocalVerifier(target), LocalDrafter(drafter if which == "model" else lookup_drafter), N,
+                  SAMPLING, prompt=prompt)
     assert sum(counts.values()) == N
     # The drafter really disagrees with the target: the test exercises rejections and bonus tokens.
     p = chi_square_p(counts, joint, N)

@@ -1,0 +1,31 @@
+"""Prompt lookup: free draft tokens copied from the context (Saxena 2023, "prompt lookup decoding").
+
+If the last n tokens of the context occurred earlier in it, the tokens that followed them then are
+a good guess for what follows now (quotes, names, code, summaries, and the repetition small models
+fall into). Such a proposal is deterministic given the context, so the distribution it was drawn
+from is a point mass: q = δ(x). Reporting exactly that keeps verification exact (the verifier
+accepts x with probability p(x) and otherwise samples from p without x).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def prompt_lookup(context: Sequence[int], k: int, max_ngram: int = 4, min_ngram: int = 2) -> list[int]:
+    """Up to k tokens that followed the most recent earlier occurrence of the context's last n-gram.
+
+    Tries n = max_ngram down to min_ngram; returns [] when no n-gram recurs.
+    """
+    ctx = np.asarray(context, dtype=np.int64)
+    size = len(ctx)
+    for n in range(min(max_ngram, size - 1), min_ngram - 1, -1):
+        tail = ctx[size - n:]
+        # windows starting at 0 .. size-n-1 (the tail itself excluded)
+        starts = np.flatnonzero(ctx[: size - n] == tail[0])
+        for s in starts[::-1]:                       # most recent occurrence first
+            if s + n < size and np.array_equal(ctx[s:s + n], tail):
+                return ctx[s + n: s + n + k].tolist()
+    return []
