@@ -1,0 +1,178 @@
+"""``tandem bench``: speculative vs plain decoding on Spec-Bench, with a JSON file, a Markdown report
+and plots. See ``tandem.bench`` for the method and BENCHMARKS.md for results."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import sys
+import time
+from pathlib import Path
+
+from tandem.cli import flag
+
+DEFAULT_SWEEP = "1,2,3,4,6,8"
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in str(text).replace(" ", "").split(",") if x]
+    except ValueError as exc:
+        raise ValueError(f"{what} must be comma-separated integers, got {text!r}") from exc
+    return values
+
+
+def _pairs(text: str | None, what: str, cast=str) -> dict:
+    out = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        if "=" not in item:
+            raise ValueError(f"{what} takes name=value pairs separated by commas, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = cast(v.strip())
+    return out
+
+
+def configure(p) -> None:
+    g = p.add_argument_group("services (default: start drafter, verifier and gateway here, as `tandem up`)")
+    flag(g, "gateway", None, help="benchmark live services at this gateway host:port instead of starting them")
+    flag(g, "verifier-addr", None, help="live verifier host:port (for model info in the report)")
+    flag(g, "drafter-addr", None, help="live drafter host:port (for model info in the report)")
+    flag(g, "target", "default", help="target model of the verifier ('default', .gguf or HF dir); also the HF "
+         "peer baseline's target")
+    flag(g, "drafter", "default", help="drafter directory (model.onnx + drafter.json) for the drafter service; "
+         "its drafter.json names the torch weights for HF assisted generation")
+    flag(g, "verifier-threads", 1, int, help="torch threads of a started verifier, and of the in-process HF modes "
+         "(0: torch's default, one per core; on a shared machine 2 threads on 2 busy cores ran 10-30x slower "
+         "than 1)")
+    flag(g, "drafter-threads", 1, int, help="ONNX Runtime threads of a started drafter")
+    flag(g, "startup-timeout", 900.0, float, help="seconds to wait for started services")
+    flag(g, "pids", None, help="live services on this machine: name=PID,... to measure their peak RSS")
+    flag(g, "metrics", None, help="live services: name=URL,... of Prometheus endpoints to read peak RSS from")
+
+    g = p.add_argument_group("modes")
+    flag(g, "k-sweep", DEFAULT_SWEEP, help="fixed draft lengths k to benchmark")
+    flag(g, "default-k", 4, int, help="the gateway's default k (kept first when the time budget is short)")
+    flag(g, "hf-drafter", "auto", help="torch drafter for HF assisted generation: 'auto' (the 'source' in the "
+         "drafter's drafter.json), 'none', or an HF dir / .gguf")
+    flag(g, "hf-k", 0, int, help="HF assisted: num_assistant_tokens, constant, no early stop (0: HF's defaults)")
+    flag(g, "no-hf", help="skip the in-process HF transformers modes", cast=bool)
+
+    g = p.add_argument_group("workload")
+    flag(g, "questions", None, help="Spec-Bench-style JSONL (question_id, category, turns) [default: "
+         "../shared/data/spec_bench/question.jsonl from the repository root]")
+    flag(g, "split", "bench", help="bench: question_id %% 4 != 0 (not used to train the drafter); train: %% 4 == 0; all")
+    flag(g, "categories", None, help="comma-separated categories (default: all in the file)")
+    flag(g, "limit-per-category", None, int, help="at most this many prompts per category")
+    flag(g, "max-tokens", 128, int, help="new tokens per request at most (the same for every mode)")
+    flag(g, "temperature", 0.0, float, help="0 = greedy (outputs then must match the baseline token for token)")
+    flag(g, "top-k", 0, int, help="sampling: top-k (0 = off)")
+    flag(g, "top-p", 1.0, float, help="sampling: top-p (1.0 = off)")
+    flag(g, "seed", 0, int, help="sampling: request seed = this + question_id (same in every mode and repeat)")
+    flag(g, "ignore-eos", help="always generate max-tokens tokens", cast=bool)
+
+    g = p.add_argument_group("measurement and output")
+    flag(g, "repeats", 3, int, help="timed repeats of every (prompt, mode); medians with min/max are reported")
+    flag(g, "time-budget", 14.0, float, help="minutes for the whole run: after warm-up, modes whose projected time "
+         "does not fit are skipped (baseline and the default k always run; said loudly in the report). 0 = no limit")
+    flag(g, "request-timeout", 600.0, float, help="deadline of each request in seconds")
+    flag(g, "out", None, help="output directory [default: bench_out/bench-<time>/ in the repository]")
+    flag(g, "no-progress", help="no progress bars", cast=bool)
+
+
+def _validate(args) -> None:
+    args.k_sweep = sorted(set(_ints(args.k_sweep, "--k-sweep")))
+    if not args.k_sweep or min(args.k_sweep) < 1:
+        raise ValueError("--k-sweep needs draft lengths >= 1")
+    if args.repeats < 1:
+        raise ValueError("--repeats must be >= 1 (3 or more for a meaningful spread)")
+    if args.max_tokens < 1:
+        raise ValueError("--max-tokens must be >= 1")
+    if args.time_budget < 0:
+        raise ValueError("--time-budget must be >= 0 (0 = no limit)")
+    args.pids = _pairs(args.pids, "--pids", int)
+    args.metrics = _pairs(args.metrics, "--metrics")
+    args.categories_list = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    args.progress = not args.no_progress
+    args.report_margin = 20.0
+
+
+def run(args) -> int:
+    from tandem.bench import modes as M
+    from tandem.bench.analysis import analyze
+    from tandem.bench.plots import write_plots
+    from tandem.bench.report import console_summary, write_json, write_markdown
+    from tandem.bench.runner import Settings, default_out_dir, run_benchmark
+    from tandem.bench.workload import DEFAULT_QUESTIONS, TRAIN_MODULUS, interleave_by_category, load_questions
+
+    t_start = time.perf_counter()
+    started = _dt.datetime.now().astimezone()
+    _validate(args)
+    prompts = load_questions(args.questions, split=args.split, categories=args.categories_list,
+                             limit_per_category=args.limit_per_category)
+    run_order = interleave_by_category(prompts)
+    out_dir = Path(args.out) if args.out else default_out_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = Settings(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        seed=args.seed, ignore_eos=args.ignore_eos, timeout_s=args.request_timeout)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    if args.repeats < 3:
+        log(f"[bench] note: --repeats {args.repeats} < 3: the reported spread means little")
+    log(f"[bench] {len(prompts)} prompts, {args.max_tokens} new tokens max, sweep k={args.k_sweep}, "
+        f"{args.repeats} repeats; writing to {out_dir}")
+
+    results = run_benchmark(args, prompts, run_order, settings, out_dir, t_start, log=log)
+
+    per_cat: dict[str, int] = {}
+    for p in prompts:
+        per_cat[p.category] = per_cat.get(p.category, 0) + 1
+    results.update(
+        format="tandem-bench/1",
+        command=["tandem", "bench", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "bench" else
+        ["tandem", "bench", "(called in-process)"],
+        started_at=started.isoformat(timespec="seconds"),
+        config={k: v for k, v in vars(args).items() if not callable(v) and k not in ("command",)},
+        workload={"questions": str(args.questions or DEFAULT_QUESTIONS), "split": args.split,
+                  "split_rule": {"bench": f"question_id % {TRAIN_MODULUS} != 0 (the drafter trains on the rest)",
+                                 "train": f"question_id % {TRAIN_MODULUS} == 0 (the drafter's training split)",
+                                 "all": "every question"}[args.split],
+                  "categories": list(per_cat), "per_category": per_cat, "prompts": len(prompts),
+                  "run_order": [p.question_id for p in run_order], "prompt_list": [p.to_dict() for p in prompts]},
+    )
+    results["mode_names"] = [m["name"] for m in results["modes"]]
+    results["analysis"] = analyze(results["samples"], results["mode_names"], results["workload"]["prompt_list"],
+                                  settings.greedy)
+    try:
+        results["plots"] = write_plots(results, out_dir)
+    except Exception as exc:  # noqa: BLE001 - a missing matplotlib must not lose the measurements
+        results["plots"] = {}
+        results["notes"].append(f"plots not written: {type(exc).__name__}: {exc} (pip install matplotlib)")
+    results["finished_at"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    results["wall_s"] = time.perf_counter() - t_start
+    json_path, md_path = out_dir / "results.json", out_dir / "report.md"
+    write_markdown(results, md_path)
+    write_json(results, json_path)
+
+    log("")
+    log(console_summary(results))
+    for sk in results["plan"]["skipped"]:
+        log(f"[bench] skipped {sk['mode']}: {sk['reason']}")
+    log(f"[bench] done in {results['wall_s'] / 60:.1f} min: {md_path}, {json_path}, "
+        f"{', '.join(Path(p).name for p in results['plots'].values())}")
+    a = results["analysis"]
+    eq = a["equivalence"]
+    failed = False
+    if eq.get("applicable") and not eq["ok"]:
+        log(f"[bench] GREEDY MISMATCH: {len(eq['mismatches'])} outputs differ from the baseline:")
+        for x in eq["mismatches"]:
+            log(f"  {x['mode']} question {x['question_id']} ({x['category']}) repeat {x['repeat']}: first "
+                f"difference at token {x['first_difference_at']}")
+        failed = True
+    if a["errors"]:
+        log(f"[bench] {len(a['errors'])} requests FAILED (see the report)")
+        failed = True
+    if a["fallbacks"]:
+        log(f"[bench] {len(a['fallbacks'])} speculative requests ran WITHOUT the drafter (see the report)")
+    if M.BASELINE not in results["mode_names"]:
+        failed = True
+    return 1 if failed else 0
