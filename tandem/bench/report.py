@@ -192,7 +192,9 @@ def markdown(results: dict) -> str:
         h = results["hf"]
         L.append(f"- HF peer baseline: `model.generate` of target `{h['target']}`, alone (HF plain) and with "
                  f"`assistant_model=` `{h['assistant']}` (HF assisted), in the bench process with "
-                 f"{h.get('torch_threads')} torch threads; {h['setting']}.")
+                 f"{h.get('torch_threads')} torch threads; {h['setting']}"
+                 + (f"; the assistant's logits are masked to the {h['assistant_draft_vocab']}-token draft vocabulary, "
+                    "as in the ONNX drafter" if h.get("assistant_draft_vocab") else "") + ".")
     L.append(f"- Services: {results['services']['mode']}"
              + (f" by the bench (startup {results['services']['startup_s']:.0f} s, verifier threads "
                 f"{results['services']['verifier_threads']} (0 = torch default), drafter threads "

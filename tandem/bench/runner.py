@@ -168,6 +168,7 @@ class HFRunner:
         hf_logging.set_verbosity_error()   # assisted generation warns about its own internal generate() call
         self.torch = torch
         self.model, self.tokenizer, self.target_loc = load_causal_lm(target_spec)
+        self.draft_vocab_size = None
         self.assistant = None
         self.assistant_loc = None
         if drafter_spec:
@@ -179,6 +180,7 @@ class HFRunner:
                 self.assistant, self.assistant_loc = copy.deepcopy(self.model), self.target_loc
             else:
                 self.assistant, _, self.assistant_loc = load_causal_lm(drafter_spec)
+                self.draft_vocab_size = restrict_to_draft_vocab(self.assistant, self.assistant_loc.directory)
             if assistant_tokens:
                 gc = self.assistant.generation_config
                 gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = assistant_tokens, "constant"
@@ -195,7 +197,7 @@ class HFRunner:
 
     def config(self) -> dict:
         gc = self.assistant.generation_config if self.assistant is not None else None
-        return {"torch_threads": self.torch.get_num_threads(),
+        return {"torch_threads": self.torch.get_num_threads(), "assistant_draft_vocab": self.draft_vocab_size,
                 "target": str(self.target_loc.directory / (self.target_loc.gguf_file or "")),
                 "assistant": str(self.assistant_loc.directory / (self.assistant_loc.gguf_file or ""))
                 if self.assistant_loc else None,
@@ -269,6 +271,31 @@ class HFRunner:
         return sample
 
 
+def restrict_to_draft_vocab(model, model_dir: Path) -> int | None:
+    """A distilled drafter with a reduced draft vocabulary (``tandem distill``) ships its ONNX with the
+    output head sliced to those tokens; its HF weights keep the full head. Masking the other logits
+    (a -1e9 bias) makes the torch drafter choose exactly as the ONNX one. Returns the draft vocabulary
+    size, or None when the model uses the full vocabulary."""
+    try:
+        from tandem.distill.student import load_draft_vocab
+
+        ids = load_draft_vocab(model_dir)
+    except (ImportError, OSError, ValueError, KeyError):
+        return None
+    if ids is None:
+        return None
+    import torch
+
+    head = model.get_output_embeddings()
+    masked = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with torch.no_grad():
+        masked.weight.copy_(head.weight)
+        masked.bias.fill_(-1e9)
+        masked.bias[torch.as_tensor(ids, dtype=torch.long)] = 0.0
+    model.set_output_embeddings(masked)
+    return len(ids)
+
+
 # ---- the whole run ----------------------------------------------------------------------------------
 def drafter_dir_no_export(spec: str | None) -> Path | None:
     """The drafter directory ``spec`` names, without ever exporting one (None if there is none yet)."""
@@ -307,6 +334,14 @@ def resolve_hf_drafter(choice: str, meta: dict | None) -> tuple[str | None, str]
     if not source:
         return None, ("HF assisted generation skipped: the drafter's torch weights are unknown (no 'source' in "
                       "its drafter.json); pass --hf-drafter DIR")
+    from tandem.pb import PACKAGE_ROOT
+
+    # a relative source is relative to where it was exported: try the working directory, the repository
+    # root and the drafter's own directory
+    for base in (Path.cwd(), PACKAGE_ROOT, Path(meta.get("path", "."))):
+        if (base / source).exists():
+            source = str((base / source).resolve())
+            break
     if not Path(source).exists():
         return None, (f"HF assisted generation skipped: the drafter's torch weights ({source}, from its "
                       "drafter.json) are not on this machine; pass --hf-drafter DIR")
