@@ -78,6 +78,7 @@ def configure(p) -> None:
     flag(g, "request-timeout", 600.0, float, help="deadline of each request in seconds")
     flag(g, "out", None, help="output directory [default: bench_out/bench-<time>/ in the repository]")
     flag(g, "no-progress", help="no progress bars", cast=bool)
+    flag(g, "rerender", None, help="only rewrite report.md and the plots beside this results.json (no measuring)")
 
 
 def _validate(args) -> None:
@@ -105,6 +106,8 @@ def run(args) -> int:
     from tandem.bench.runner import Settings, default_out_dir, run_benchmark
     from tandem.bench.workload import DEFAULT_QUESTIONS, TRAIN_MODULUS, interleave_by_category, load_questions
 
+    if args.rerender:
+        return rerender(Path(args.rerender))
     t_start = time.perf_counter()
     started = _dt.datetime.now().astimezone()
     _validate(args)
@@ -176,3 +179,18 @@ def run(args) -> int:
     if M.BASELINE not in results["mode_names"]:
         failed = True
     return 1 if failed else 0
+
+
+def rerender(json_path: Path) -> int:
+    """Rewrites report.md and the plots of an earlier run from its results.json."""
+    import json
+
+    from tandem.bench.plots import write_plots
+    from tandem.bench.report import write_markdown
+
+    results = json.loads(json_path.read_text())
+    out_dir = json_path.parent
+    results["plots"] = write_plots(results, out_dir)
+    write_markdown(results, out_dir / "report.md")
+    print(f"[bench] rewrote {out_dir / 'report.md'} and {len(results['plots'])} plots", file=sys.stderr)
+    return 0

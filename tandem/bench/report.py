@@ -146,6 +146,24 @@ def markdown(results: dict) -> str:
     L += _table(["category"] + [f"{m} τ (rate)" for m in acc_modes], rows)
     L.append("")
 
+    L.append("## Per category and mode")
+    L.append("")
+    rows = []
+    for c in a["categories"]:
+        for m in modes:
+            f = a["per_category"][c].get(m, {})
+            if not f.get("prompts"):
+                continue
+            pos = f.get("acceptance_by_position")
+            rows.append([c, _mode_label(m), _f(f.get("tokens_per_s")), _f(f.get("ttft_ms"), "{:.0f}"),
+                         _f(f.get("mean_acceptance_length")), _f(f.get("acceptance_rate")),
+                         " ".join(_f(x) for x in pos) if pos else "–", _f(f.get("draft_ms_per_round"), "{:.1f}"),
+                         _f(f.get("verify_ms_per_round"), "{:.1f}"), _f(f.get("overhead_ms_per_round"), "{:.1f}"),
+                         _f(f.get("rounds"), "{:.1f}"), _f(f.get("prompt_tokens"), "{:.0f}")])
+    L += _table(["category", "mode", "tokens/s", "TTFT ms", "τ", "acc. rate", "acceptance by position",
+                 "draft ms/round", "verify ms/round", "overhead ms/round", "rounds/req", "prompt tokens"], rows)
+    L.append("")
+
     # ---- acceptance by position ---------------------------------------------------------------
     width = max((len(o.get(m, {}).get("acceptance_by_position") or []) for m in modes), default=0)
     if width:

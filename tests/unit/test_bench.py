@@ -136,8 +136,15 @@ def test_tiny_bench_end_to_end(tmp_path, questions, tiny_target_dir, tiny_target
     assert "## Greedy output equivalence" in report and "**OK**" in report
     assert "adaptive mode: not run" in report
     assert "| beta |" in report and "speedup.png" in report
+    assert "## Per category and mode" in report
     # peak RSS of live services is "n/a" unless pids or a metrics endpoint are given
     assert res["memory"]["verifier"]["source"] == "n/a"
+
+    # the report and plots can be rewritten from the JSON alone
+    from tandem.bench.cli import rerender
+
+    (out / "report.md").unlink()
+    assert rerender(out / "results.json") == 0 and (out / "report.md").read_text() == report
 
 
 def test_mismatch_is_reported_not_averaged(tmp_path):
