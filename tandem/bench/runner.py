@@ -526,15 +526,21 @@ def run_benchmark(args, prompts: list[Prompt], run_order: list[Prompt], settings
         t_timed = time.perf_counter()
         with RssMonitor(pids) as rss:
             bar = _progress(n_per_mode * len(run_modes), "bench", args.progress)
-            for repeat in range(args.repeats):
-                for prompt in run_order:
-                    for m in run_modes:
-                        bar.set_postfix_str(f"r{repeat + 1} {prompt.category} q{prompt.question_id} {m.name}")
-                        s = runners[m.kind].run(m, prompt, settings, repeat)
-                        if "error" in s:
-                            log(f"[bench] ERROR {m.name} q{prompt.question_id} repeat {repeat}: {s['error']}")
-                        samples.append(s)
-                        bar.update()
+            try:
+                for repeat in range(args.repeats):
+                    for prompt in run_order:
+                        for m in run_modes:
+                            bar.set_postfix_str(f"r{repeat + 1} {prompt.category} q{prompt.question_id} {m.name}")
+                            s = runners[m.kind].run(m, prompt, settings, repeat)
+                            if "error" in s:
+                                log(f"[bench] ERROR {m.name} q{prompt.question_id} repeat {repeat}: {s['error']}")
+                            samples.append(s)
+                            bar.update()
+            except KeyboardInterrupt:
+                # keep what was measured: the report covers the prompts done in every mode
+                results["interrupted"] = f"interrupted after {len(samples)} of {n_per_mode * len(run_modes)} requests"
+                notes.append(f"**{results['interrupted']}** (Ctrl-C): the figures cover only the requests done")
+                log(f"[bench] {results['interrupted']}; writing the report of what was measured")
             bar.close()
         results["timed_s"] = time.perf_counter() - t_timed
         results["load_average_after_timed"] = load_average()
