@@ -14,12 +14,14 @@ SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 
 
 async def connect_gateway(verifier_address: str, drafter_address: str | None, config: GatewayConfig,
-                          wait_s: float = 120.0, interceptors=()) -> Gateway:
+                          wait_s: float = 120.0, interceptors=(), drafter_timeout_s: float = 15.0,
+                          verifier_timeout_s: float = 120.0) -> Gateway:
     """Waits for the verifier (its tokenizer is needed to serve anything); the drafter may come later.
     ``interceptors``: client interceptors for both channels (tracing: ``Telemetry.client_interceptors()``)."""
-    verifier = VerifierClient(verifier_address, interceptors=interceptors)
+    verifier = VerifierClient(verifier_address, timeout_s=verifier_timeout_s, interceptors=interceptors)
     info = await verifier.get_info(wait_s=wait_s)
-    drafter = DrafterClient(drafter_address, interceptors=interceptors) if drafter_address else None
+    drafter = (DrafterClient(drafter_address, timeout_s=drafter_timeout_s, interceptors=interceptors)
+               if drafter_address else None)
     gateway = Gateway(verifier, drafter, info, config)
     if drafter is not None:
         try:

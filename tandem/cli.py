@@ -139,6 +139,10 @@ def configure_serve_gateway(p):
          "RESOURCE_EXHAUSTED (0: no limit)")
     flag(p, "drafter-retry-max", 15.0, float, help="longest wait in seconds between probes of a failed drafter "
          "(the wait starts at 1 s and doubles)")
+    flag(p, "drafter-timeout", 15.0, float, help="deadline in seconds of one Propose call (the first one of a "
+         "request reads the whole prompt); past it the request goes on with target-only decoding")
+    flag(p, "verifier-timeout", 120.0, float, help="deadline in seconds of one call to the verifier (prefill of "
+         "a long prompt included); past it the client gets UNAVAILABLE")
     _serve_common(p, 50051)
 
 
@@ -154,7 +158,8 @@ async def _serve_gateway(args) -> int:
                            max_concurrent_requests=args.max_concurrent_requests,
                            drafter_retry_max_s=args.drafter_retry_max)
     gateway = await connect_gateway(args.verifier, args.drafter or None, config, wait_s=args.wait,
-                                    interceptors=tracing.client_interceptors())
+                                    interceptors=tracing.client_interceptors(),
+                                    drafter_timeout_s=args.drafter_timeout, verifier_timeout_s=args.verifier_timeout)
     service = await start_gateway(gateway, args.host, args.port, interceptors=tracing.server_interceptors())
     metrics.serve(service.metrics, args.metrics_port, args.host)
     try:
