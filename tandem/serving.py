@@ -69,9 +69,14 @@ class Service:
 
     def __init__(self, server: grpc.aio.Server, port: int, health_servicer: health.aio.HealthServicer | None = None):
         self.server, self.port, self.health = server, port, health_servicer
+        self.evictor: asyncio.Task | None = None      # the idle-session sweeper of drafter and verifier
 
     async def stop(self, grace: float = 5.0) -> None:
         await self.server.stop(grace)
+        if self.evictor is not None:
+            self.evictor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.evictor
 
 
 async def start_service(name: str, register: Callable[[grpc.aio.Server], None], service_names: Sequence[str],
