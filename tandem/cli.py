@@ -70,7 +70,7 @@ def configure_serve_drafter(p):
     flag(p, "lookup-ngram", 4, int, help="prompt lookup: when the context's last n-gram (n = this .. "
          "--lookup-min-ngram) recurred earlier, draft the tokens that followed it for free (q = point mass, "
          "exact); the model drafts the rest. 0 turns it off")
-    flag(p, "lookup-min-ngram", 2, int, help="shortest n-gram prompt lookup matches")
+    flag(p, "lookup-min-ngram", 1, int, help="shortest n-gram prompt lookup matches")
     flag(p, "session-ttl", 600.0, float, help="seconds after which an idle session's KV cache is freed")
     _serve_common(p, 50061)
 
