@@ -64,7 +64,7 @@ def write_card(out_dir: str | os.PathLike, info: dict, eval_info: dict | None = 
         "",
         "## Training",
         "",
-        f"- {tr.get('step')} steps (one prompt group of up to 12 answers a step, prompt encoded once), "
+        f"- {tr.get('step')} steps (a step = answers to one prompt, the prompt encoded once for them), "
         f"{tr.get('tokens_seen', 0) / 1e6:.2f} M tokens processed, {_fmt_s(tr.get('train_seconds', 0))} of "
         f"training compute; whole command {_fmt_s(info.get('wall_seconds', 0))} wall time "
         f"(CPU, {info.get('train_config', {}).get('threads', 1)} torch thread(s)).",
