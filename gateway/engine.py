@@ -52,7 +52,7 @@ class Step:
 
 @dataclass
 class GatewayConfig:
-    draft_length: int = 4
+    draft_length: int = 2
     max_draft_length: int = 32
     max_tokens_limit: int = 4096
     no_speculation: bool = False          # gateway-wide default

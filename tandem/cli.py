@@ -131,7 +131,7 @@ async def _serve_verifier(args) -> int:
 def configure_serve_gateway(p):
     flag(p, "verifier", f"{DEFAULT_HOST}:50062", help="verifier address host:port")
     flag(p, "drafter", f"{DEFAULT_HOST}:50061", help="drafter address host:port ('' for none: target only)")
-    flag(p, "draft-length", 4, int, help="default draft length k (tokens proposed per round)")
+    flag(p, "draft-length", 2, int, help="default draft length k (tokens proposed per round; 2 measured best with the shipped drafter on a 2-core CPU, see BENCHMARKS.md)")
     flag(p, "max-tokens-limit", 4096, int, help="largest max_tokens a request may ask for")
     flag(p, "no-speculation", help="decode with the target alone by default (the baseline)", cast=bool)
     flag(p, "wait", 300.0, float, help="seconds to wait for the verifier at start")
@@ -258,6 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"tandem {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        import grpc
+
+        if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):   # e.g. the verifier refused our token
+            print(f"tandem {args.command}: error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+        raise
     return int(result or 0)
 
 

@@ -22,7 +22,7 @@ def configure(p):
     flag(p, "target", "default", help="target model for the verifier ('default', .gguf or HF dir)")
     flag(p, "drafter", "default", help="drafter for the drafter service ('default' or a path)")
     flag(p, "gateway-port", 50051, int, help="gateway port (drafter and verifier take free ports)")
-    flag(p, "draft-length", 4, int, help="default draft length k")
+    flag(p, "draft-length", 2, int, help="default draft length k")
     flag(p, "drafter-threads", 1, int, help="ONNX Runtime threads of the drafter")
     flag(p, "verifier-threads", 0, int, help="torch threads of the verifier (0: torch's default)")
     flag(p, "startup-timeout", 900.0, float, help="seconds to wait for all three to be healthy")

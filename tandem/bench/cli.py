@@ -52,7 +52,7 @@ def configure(p) -> None:
 
     g = p.add_argument_group("modes")
     flag(g, "k-sweep", DEFAULT_SWEEP, help="fixed draft lengths k to benchmark")
-    flag(g, "default-k", 4, int, help="the gateway's default k (kept first when the time budget is short)")
+    flag(g, "default-k", 2, int, help="the gateway's default k (kept first when the time budget is short)")
     flag(g, "hf-drafter", "auto", help="torch drafter for HF assisted generation: 'auto' (the 'source' in the "
          "drafter's drafter.json), 'none', or an HF dir / .gguf")
     flag(g, "hf-k", 0, int, help="HF assisted: num_assistant_tokens, constant, no early stop (0: HF's defaults)")
