@@ -61,6 +61,19 @@ def _serve_common(p: argparse.ArgumentParser, port_default: int) -> None:
          "0: a free port). Tracing: set OTEL_EXPORTER_OTLP_ENDPOINT (see deploy/TRACING.md)")
 
 
+async def _serve_until_stopped(service, name: str, args, tracing) -> int:
+    """Serves metrics (if --metrics-port), runs until SIGINT/SIGTERM, stops gracefully, flushes traces."""
+    from tandem import metrics
+    from tandem.serving import run_until_signalled
+
+    metrics.serve(service.metrics, args.metrics_port, args.host)
+    try:
+        await run_until_signalled(service, name, args.grace, args.port_file)
+    finally:
+        tracing.shutdown()
+    return 0
+
+
 def configure_serve_drafter(p):
     flag(p, "drafter", "default", help="drafter ONNX file or directory (model.onnx + drafter.json); "
          "'default' is the drafter shipped for the default target")
@@ -78,21 +91,15 @@ def configure_serve_drafter(p):
 async def _serve_drafter(args) -> int:
     from drafter_service.onnx_drafter import OnnxDrafter
     from drafter_service.server import start_drafter
-    from tandem import metrics, telemetry
+    from tandem import telemetry
     from tandem.defaults import resolve_drafter
-    from tandem.serving import run_until_signalled
 
     tracing = telemetry.setup("tandem-drafter")
     drafter = OnnxDrafter(resolve_drafter(args.drafter), threads=args.threads, support_size=args.support_size,
                           session_ttl_s=args.session_ttl, lookup_max_ngram=args.lookup_ngram,
                           lookup_min_ngram=args.lookup_min_ngram)
     service = await start_drafter(drafter, args.host, args.port, interceptors=tracing.server_interceptors())
-    metrics.serve(service.metrics, args.metrics_port, args.host)
-    try:
-        await run_until_signalled(service, f"drafter ({drafter.info.model_name})", args.grace, args.port_file)
-    finally:
-        tracing.shutdown()
-    return 0
+    return await _serve_until_stopped(service, f"drafter ({drafter.info.model_name})", args, tracing)
 
 
 def configure_serve_verifier(p):
@@ -109,8 +116,7 @@ def configure_serve_verifier(p):
 async def _serve_verifier(args) -> int:
     import torch
 
-    from tandem import metrics, telemetry
-    from tandem.serving import run_until_signalled
+    from tandem import telemetry
     from verifier_service.server import start_verifier
     from verifier_service.target import Target
 
@@ -120,18 +126,14 @@ async def _serve_verifier(args) -> int:
     target = Target.load(args.target, dtype=args.dtype, device=args.device, session_ttl_s=args.session_ttl,
                          max_sessions=args.max_sessions)
     service = await start_verifier(target, args.host, args.port, interceptors=tracing.server_interceptors())
-    metrics.serve(service.metrics, args.metrics_port, args.host)
-    try:
-        await run_until_signalled(service, f"verifier ({target.info.model_name})", args.grace, args.port_file)
-    finally:
-        tracing.shutdown()
-    return 0
+    return await _serve_until_stopped(service, f"verifier ({target.info.model_name})", args, tracing)
 
 
 def configure_serve_gateway(p):
     flag(p, "verifier", f"{DEFAULT_HOST}:50062", help="verifier address host:port")
     flag(p, "drafter", f"{DEFAULT_HOST}:50061", help="drafter address host:port ('' for none: target only)")
-    flag(p, "draft-length", 2, int, help="default draft length k (tokens proposed per round; 2 measured best with the shipped drafter on a 2-core CPU, see BENCHMARKS.md)")
+    flag(p, "draft-length", 2, int, help="default draft length k (tokens proposed per round; 2 measured best "
+         "with the shipped drafter on a 2-core CPU, see BENCHMARKS.md)")
     flag(p, "max-tokens-limit", 4096, int, help="largest max_tokens a request may ask for")
     flag(p, "no-speculation", help="decode with the target alone by default (the baseline)", cast=bool)
     flag(p, "wait", 300.0, float, help="seconds to wait for the verifier at start")
@@ -149,8 +151,7 @@ def configure_serve_gateway(p):
 async def _serve_gateway(args) -> int:
     from gateway.engine import GatewayConfig
     from gateway.server import connect_gateway, start_gateway
-    from tandem import metrics, telemetry
-    from tandem.serving import run_until_signalled
+    from tandem import telemetry
 
     tracing = telemetry.setup("tandem-gateway")
     config = GatewayConfig(draft_length=args.draft_length, max_tokens_limit=args.max_tokens_limit,
@@ -161,12 +162,7 @@ async def _serve_gateway(args) -> int:
                                     interceptors=tracing.client_interceptors(),
                                     drafter_timeout_s=args.drafter_timeout, verifier_timeout_s=args.verifier_timeout)
     service = await start_gateway(gateway, args.host, args.port, interceptors=tracing.server_interceptors())
-    metrics.serve(service.metrics, args.metrics_port, args.host)
-    try:
-        await run_until_signalled(service, "gateway", args.grace, args.port_file)
-    finally:
-        tracing.shutdown()
-    return 0
+    return await _serve_until_stopped(service, "gateway", args, tracing)
 
 
 # ---- generate --------------------------------------------------------------------------------------
