@@ -276,6 +276,41 @@ def _quantize(src: Path, dst: Path, mode: str, external: bool = False) -> None:
         raise ValueError(f"quantize must be 'int8' or 'fp16', got {mode!r}")
 
 
+DRAFT_VOCAB_FILE = "draft_vocab.npy"
+
+
+def _draft_vocab_of(loc, config):
+    """The reduced draft vocabulary of a drafter directory (config.json ``tandem_draft_vocab`` names an
+    int64 .npy of target ids, as written by ``tandem distill``), or None."""
+    import numpy as np
+
+    name = getattr(config, "tandem_draft_vocab", None)
+    if not name or loc.gguf_file:
+        return None
+    ids = np.load(Path(loc.directory) / name).astype(np.int64)
+    if ids.ndim != 1 or not len(ids) or (np.diff(ids) <= 0).any() or ids[0] < 0 or ids[-1] >= config.vocab_size:
+        raise ValueError(f"{name}: the draft vocabulary must be sorted unique target ids in [0, {config.vocab_size})")
+    return ids
+
+
+def _slice_head(model, ids) -> None:
+    """Keeps only the output-head rows of ``ids`` (the input embedding keeps the whole vocabulary)."""
+    import torch
+
+    w = model.get_output_embeddings().weight.detach()[torch.as_tensor(ids)]
+    head = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    with torch.no_grad():
+        head.weight.copy_(w)
+    model.lm_head = head
+    model.config.tie_word_embeddings = False
+
+
+def np_save_int64(path: Path, ids) -> None:
+    import numpy as np
+
+    np.save(path, np.asarray(ids, dtype=np.int64))
+
+
 def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool = True,
                    quantize: str | None = None, exporter: str = "auto") -> ExportReport:
     """Exports ``model_spec`` ('default', a .gguf file or an HF directory) to ``out_dir/model.onnx``.
@@ -303,6 +338,11 @@ def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool
     config = model.config
     _check_architecture(config)
     num_layers, kv_heads, head_dim = _dims(config)
+    target_vocab = int(model.get_output_embeddings().weight.shape[0])
+    draft_vocab = _draft_vocab_of(loc, config)
+    if draft_vocab is not None and target_vocab == config.vocab_size:
+        _slice_head(model, draft_vocab)  # the ONNX logits cover exactly the draft vocabulary
+        _log(f"draft vocabulary: {len(draft_vocab)} of {target_vocab} tokens ({config.tandem_draft_vocab})")
     vocab_size = int(model.get_output_embeddings().weight.shape[0])
     n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     external = n_bytes > _PROTOBUF_LIMIT
@@ -360,19 +400,20 @@ def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool
                     notes.append(f"{quantize} parity check could not run: {type(e).__name__}: {e}")
                     _log(notes[-1])
 
-    draft_vocab = None
+    if draft_vocab is not None:
+        np_save_int64(out / DRAFT_VOCAB_FILE, draft_vocab)
     meta = {
         "format": DRAFTER_FORMAT,
         "model_name": loc.name,
         "num_layers": num_layers,
         "num_kv_heads": kv_heads,
         "head_dim": head_dim,
-        "vocab_size": vocab_size,
+        "vocab_size": int(config.vocab_size) if draft_vocab is not None else target_vocab,
         "logits_size": vocab_size,
         "vocab_hash": tokenizer_vocab_hash(tokenizer),
         "eos_token_ids": _eos_ids(model, tokenizer),
         "max_context": int(getattr(config, "max_position_embeddings", 0) or 0),
-        "draft_vocab": draft_vocab,
+        "draft_vocab": DRAFT_VOCAB_FILE if draft_vocab is not None else None,
         "quantize": quantize,
         "exporter": used,
         "source": str(loc.directory / (loc.gguf_file or "")),

@@ -16,6 +16,18 @@ def _fmt_s(s: float) -> str:
     return f"{s / 3600:.2f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.1f} s"
 
 
+def _init_line(info: dict, st: dict) -> str:
+    init = info.get("init") or {}
+    if init.get("from_target_layers"):
+        L, F = init["from_target_layers"], init.get("frozen_layers", 0)
+        return (f"- Initialisation: the target's own first {L} decoder layers, its token embedding, final norm and "
+                f"(tied) output head, copied. The embedding and the bottom {F} layers stay frozen (exactly the "
+                f"target's); the top {L - F} layers, the final norm and the draft rows of the head are trained to "
+                "predict the target's final next-token choice from those features (a truncated, fine-tuned target).")
+    return ("- Initialisation: input embeddings and head = the target's embedding matrix projected on its top "
+            f"{st.get('hidden')} principal directions (eigenvectors of E^T E); layers random (seeded).")
+
+
 def write_card(out_dir: str | os.PathLike, info: dict, eval_info: dict | None = None, notes: str = "") -> Path:
     out = Path(out_dir)
     if eval_info is None and (out / "eval.json").exists():
@@ -37,15 +49,15 @@ def write_card(out_dir: str | os.PathLike, info: dict, eval_info: dict | None = 
         f"({st.get('kv_heads')} key/value heads), MLP {st.get('intermediate')}; the target's tokenizer "
         f"(vocabulary {info.get('vocab_size', 'of the target')}).",
         f"- Parameters: {info.get('parameters', 0) / 1e6:.2f} M (input embedding over the full target vocabulary, "
-        f"output head over the draft vocabulary).",
+        f"output head over the draft vocabulary)"
+        + (f"; {info['trained_parameters'] / 1e6:.2f} M of them trained." if "trained_parameters" in info else "."),
         f"- Draft vocabulary: {info.get('draft_vocab_size')} tokens (the most frequent target tokens in the "
         "training data, by token and by target top-1, plus all special tokens); `draft_vocab.npy` maps draft "
         "logit index -> target token id (int64). The drafter can only propose these tokens and reports q over "
         "them (q = 0 elsewhere), which keeps speculative sampling exact. In the Hugging Face weights the "
         "`lm_head` rows outside the draft vocabulary are untrained placeholders: use the draft rows only (the "
         "ONNX export has exactly those logits).",
-        "- Initialisation: input embeddings and head = the target's embedding matrix projected on its top "
-        f"{st.get('hidden')} principal directions (eigenvectors of E^T E); layers random (seeded).",
+        _init_line(info, st),
         "",
         "## Data (exactly)",
         "",

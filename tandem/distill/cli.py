@@ -62,6 +62,13 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     m.add_argument("--heads", type=int, default=6, help="attention heads (default: %(default)s)")
     m.add_argument("--kv-heads", type=int, default=2, help="key/value heads (default: %(default)s)")
     m.add_argument("--intermediate", type=int, default=1024, help="MLP size (default: %(default)s)")
+    m.add_argument("--from-target-layers", type=int, default=0, metavar="L",
+                   help="build the drafter from the target's own first L decoder layers (its width, heads and "
+                        "embeddings; --hidden/--layers/--heads/--kv-heads/--intermediate are then ignored) instead "
+                        "of a fresh small model; 0 = fresh (default: %(default)s)")
+    m.add_argument("--frozen-layers", type=int, default=0, metavar="F",
+                   help="with --from-target-layers: keep the bottom F copied layers (and the embedding) frozen and "
+                        "train only the layers above them, the final norm and the head (default: %(default)s)")
     m.add_argument("--draft-vocab", type=int, default=16384,
                    help="size of the reduced draft vocabulary (most frequent target tokens in the data plus "
                         "special tokens); 0 = the full target vocabulary (default: %(default)s)")
@@ -251,11 +258,22 @@ def run(args) -> int:
         np.save(ckpt_dv, draft_vocab)
     spec = student.StudentSpec(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
                                intermediate=args.intermediate, draft_vocab=len(draft_vocab))
-    model = student.build_student(target, tokenizer, spec, draft_vocab, seed=args.seed)
+    if args.from_target_layers:
+        tc = target.config
+        spec = student.StudentSpec(hidden=tc.hidden_size, layers=args.from_target_layers,
+                                   heads=tc.num_attention_heads, kv_heads=tc.num_key_value_heads,
+                                   intermediate=tc.intermediate_size, draft_vocab=len(draft_vocab))
+        model = student.build_student_from_target(target, args.from_target_layers, args.frozen_layers, draft_vocab)
+    else:
+        model = student.build_student(target, tokenizer, spec, draft_vocab, seed=args.seed)
     n_params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("lm_head")) \
-        + len(draft_vocab) * args.hidden
+        + len(draft_vocab) * spec.hidden
+    n_trained = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("lm_head") and p.requires_grad) \
+        + len(draft_vocab) * spec.hidden
     log(f"student: {spec.to_dict()} draft vocab {len(draft_vocab)} -> {n_params / 1e6:.1f} M parameters "
-        f"(the head counted on the draft rows)")
+        f"(the head counted on the draft rows), {n_trained / 1e6:.1f} M trained"
+        + (f"; from the target's first {args.from_target_layers} layers, {args.frozen_layers} frozen"
+           if args.from_target_layers else ""))
 
     cfg = train.TrainConfig(steps=args.steps, lr=args.lr, warmup=min(args.warmup, max(1, args.steps // 10)),
                             max_prompt=args.max_prompt, prompt_fraction=args.prompt_fraction, seed=args.seed,
@@ -282,7 +300,10 @@ def run(args) -> int:
     info = {
         "target": args.target, "target_name": _target_name(args.target),
         "command": "tandem distill " + " ".join(sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "distill" else sys.argv[1:]),
-        "student": spec.to_dict(), "parameters": n_params, "draft_vocab_size": int(len(draft_vocab)),
+        "student": spec.to_dict(), "parameters": n_params, "trained_parameters": n_trained,
+        "init": ({"from_target_layers": args.from_target_layers, "frozen_layers": args.frozen_layers}
+                 if args.from_target_layers else {"fresh": True, "embeddings": "low-rank projection of the target's"}),
+        "draft_vocab_size": int(len(draft_vocab)),
         "data": manifest, "split": "Spec-Bench question_id % 4 == 0 only; progress metric on "
                                    f"{len(va_groups)} held-out prompt groups of the training data",
         "train_groups": len(tr_groups), "train": {k: v for k, v in result.items() if k != "history"},
@@ -302,59 +323,15 @@ def run(args) -> int:
 
 def export(hf_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None, quantize: str | None = None,
            check: bool = True, log=print) -> dict:
-    """ONNX export of a distilled drafter through ``tandem.export.export_drafter``.
-
-    With a reduced draft vocabulary (``draft_vocab.npy`` named in config.json) the output head is
-    sliced to the draft rows before tracing, so the ONNX logits have ``len(draft_vocab)`` columns, and
-    drafter.json gets ``draft_vocab`` (the .npy copied beside model.onnx), ``logits_size`` and the
-    target's ``vocab_size``. export_drafter loads models through ``tandem.models.load_causal_lm``;
-    the slicing is done by wrapping that loader for the duration of the call.
-    """
-    import shutil
-
-    import numpy as np
-
-    from . import student
-
+    """ONNX export of a distilled drafter through ``tandem.export.export_drafter``, which reads the
+    reduced draft vocabulary (``draft_vocab.npy`` named in config.json) itself: the ONNX logits then
+    have ``len(draft_vocab)`` columns and drafter.json names the .npy copied beside model.onnx."""
     try:
         from .. import export as export_mod
     except ImportError as e:
         log(f"export: tandem.export is not available ({e}); the HF drafter directory is written, export it later")
         return {"error": str(e)}
-    from .. import models
-
-    hf_dir, out_dir = Path(hf_dir), Path(out_dir or hf_dir)
-    dv = student.load_draft_vocab(hf_dir)
-    original = models.load_causal_lm
-
-    def load_sliced(spec, *a, **kw):
-        model, tok, loc = original(spec, *a, **kw)
-        if dv is not None and Path(str(spec)).resolve() == hf_dir.resolve():
-            import torch
-
-            w = model.lm_head.weight.detach()[torch.as_tensor(dv)]
-            head = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
-            with torch.no_grad():
-                head.weight.copy_(w)
-            model.lm_head = head
-            model.config.tie_word_embeddings = False
-        return model, tok, loc
-
-    models.load_causal_lm = load_sliced
-    try:
-        rep = export_mod.export_drafter(str(hf_dir), str(out_dir), check=check, quantize=quantize)
-    finally:
-        models.load_causal_lm = original
-    if dv is not None:
-        if (out_dir / student.DRAFT_VOCAB_FILE).resolve() != (hf_dir / student.DRAFT_VOCAB_FILE).resolve():
-            shutil.copyfile(hf_dir / student.DRAFT_VOCAB_FILE, out_dir / student.DRAFT_VOCAB_FILE)
-        meta_path = out_dir / export_mod.METADATA_FILE
-        meta = json.loads(meta_path.read_text())
-        cfg = json.loads((hf_dir / "config.json").read_text())
-        meta.update({"vocab_size": int(cfg["vocab_size"]), "logits_size": int(len(dv)),
-                     "draft_vocab": student.DRAFT_VOCAB_FILE})
-        meta_path.write_text(json.dumps(meta, indent=2) + "\n")
-        assert np.load(out_dir / student.DRAFT_VOCAB_FILE).shape == (len(dv),)
+    rep = export_mod.export_drafter(str(hf_dir), str(out_dir or hf_dir), check=check, quantize=quantize)
     res = rep.to_dict() if hasattr(rep, "to_dict") else {"result": str(rep)}
     log(f"export: {res.get('onnx_path')} ({res.get('onnx_bytes', 0) / 1e6:.1f} MB), parity "
         f"{res.get('parity_no_past')} / {res.get('parity_with_past')}")

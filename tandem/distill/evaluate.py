@@ -115,6 +115,30 @@ class OrtDrafter:
         return int(idx) if self.ids is None else int(self.ids[idx])
 
 
+class ServedDrafter:
+    """The drafter service's own domain object (``drafter_service.onnx_drafter.OnnxDrafter``, prompt
+    lookup included when ``lookup_max_ngram`` > 0), driven exactly as the gateway drives it: one
+    proposal of k greedy tokens per round for the whole context so far."""
+
+    def __init__(self, onnx_path: str | os.PathLike, threads: int = 1, lookup_max_ngram: int = 4,
+                 lookup_min_ngram: int = 1):
+        from drafter_service.onnx_drafter import OnnxDrafter
+
+        self.impl = OnnxDrafter(onnx_path, threads=threads, lookup_max_ngram=lookup_max_ngram,
+                                lookup_min_ngram=lookup_min_ngram)
+        self.n = 0
+
+    def reset(self):
+        self.impl.end_session(f"eval-{self.n}")
+        self.n += 1
+
+    def draft(self, context: list[int], k: int) -> list[int]:
+        from tandem.types import SamplingParams
+
+        prop = self.impl.propose(f"eval-{self.n}", 0, context, k, SamplingParams())
+        return [t.token_id for t in prop.tokens]
+
+
 def load_refs(path: str | os.PathLike) -> list[dict]:
     return [json.loads(line) for line in open(path) if line.strip()]
 
@@ -135,19 +159,23 @@ def simulate_tau(drafter, refs: list[dict], k: int = 4, max_new: int = 128, prog
         drafter.reset()
         pos = rounds = acc_total = 0
         while pos < n:
-            logits = drafter.feed(ctx[drafter.length:P + pos])
-            draft = []
-            for j in range(k):
-                draft.append(drafter.to_target(int(np.argmax(logits))))
-                if j < k - 1:
-                    logits = drafter.feed([draft[-1]])
+            if hasattr(drafter, "draft"):
+                draft = drafter.draft(ctx[:P + pos], k)
+            else:
+                logits = drafter.feed(ctx[drafter.length:P + pos])
+                draft = []
+                for j in range(k):
+                    draft.append(drafter.to_target(int(np.argmax(logits))))
+                    if j < k - 1:
+                        logits = drafter.feed([draft[-1]])
             a = 0
             while a < k and pos + a < n and draft[a] == gen[pos + a]:
                 pos_accept[a] += 1
                 a += 1
             rounds += 1
             acc_total += a
-            drafter.crop(P + pos + min(a, k - 1))
+            if hasattr(drafter, "crop"):
+                drafter.crop(P + pos + min(a, k - 1))
             pos += min(a + 1, n - pos)
         c = per_cat[ref.get("category", "all")]
         c[0] += n
@@ -242,6 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--refs", required=True)
     e.add_argument("--hf", default=None, help="drafter HF directory (simulated in torch)")
     e.add_argument("--onnx", action="append", default=[], help="drafter model.onnx (simulated in ONNX Runtime); repeatable")
+    e.add_argument("--served", action="store_true",
+                   help="also simulate each --onnx drafter as the drafter service runs it (OnnxDrafter with "
+                        "prompt lookup --lookup-ngram .. --lookup-min-ngram in front of the model)")
+    e.add_argument("--lookup-ngram", type=int, default=4, help="with --served (default: %(default)s)")
+    e.add_argument("--lookup-min-ngram", type=int, default=1, help="with --served (default: %(default)s)")
     e.add_argument("--k", type=int, default=4)
     e.add_argument("--limit", type=int, default=0, help="use only the first N references (0 = all)")
     e.add_argument("--per-category", type=int, default=0,
@@ -285,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.onnx:
         name = f"ONNX {Path(path).parent.name}/{Path(path).name}"
         res["tau"][name] = simulate_tau(OrtDrafter(path, threads=args.threads), refs, k=args.k)
+        if args.served:
+            served = ServedDrafter(path, threads=args.threads, lookup_max_ngram=args.lookup_ngram,
+                                   lookup_min_ngram=args.lookup_min_ngram)
+            res["tau"][f"{name} + prompt lookup {args.lookup_ngram}..{args.lookup_min_ngram} (as served)"] = \
+                simulate_tau(served, refs, k=args.k)
     if args.onnx and not args.no_cost:
         target, _, _ = load_causal_lm(args.target)
         for path in args.onnx:

@@ -160,3 +160,49 @@ class DraftHead:
 
     def to_target(self, idx):
         return idx if self.ids is None else self.ids[idx]
+
+
+def build_student_from_target(target, layers: int, frozen: int, draft_vocab: np.ndarray):
+    """A drafter made of the target's own first ``layers`` decoder layers (a truncated target).
+
+    The token embedding, the first ``frozen`` layers and the rotary settings are copied from the
+    target and frozen (``requires_grad=False``): they carry the target's pretrained knowledge, which a
+    few hundred thousand distillation tokens cannot teach a fresh network. The layers above them, the
+    final norm and the output head (started from the target's tied embedding rows) are trained to turn
+    those features into the target's *final* next-token choice. Untrained, such a truncated target
+    agrees with the full one on only ~5 % of greedy tokens here, so the trained top is essential.
+    Returns a LlamaForCausalLM with the target's width.
+    """
+    import copy
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tc = target.config
+    n_target = tc.num_hidden_layers
+    if not 0 < layers <= n_target or not 0 <= frozen < layers:
+        raise ValueError(f"need 0 < layers <= {n_target} and 0 <= frozen < layers (got {layers}, {frozen})")
+    cfg = LlamaConfig(
+        vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
+        num_hidden_layers=layers, num_attention_heads=tc.num_attention_heads,
+        num_key_value_heads=tc.num_key_value_heads, head_dim=getattr(tc, "head_dim", None)
+        or tc.hidden_size // tc.num_attention_heads,
+        max_position_embeddings=getattr(tc, "max_position_embeddings", 2048), rms_norm_eps=tc.rms_norm_eps,
+        rope_parameters=getattr(tc, "rope_parameters", None), bos_token_id=tc.bos_token_id,
+        eos_token_id=tc.eos_token_id, pad_token_id=getattr(tc, "pad_token_id", None), tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(cfg)
+    src = target.model
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(src.embed_tokens.weight)
+        for i in range(layers):
+            model.model.layers[i].load_state_dict(copy.deepcopy(src.layers[i].state_dict()))
+        model.model.norm.weight.copy_(src.norm.weight)
+        model.lm_head.weight.copy_(target.get_output_embeddings().weight)
+    model.model.embed_tokens.weight.requires_grad_(False)
+    for i in range(frozen):
+        for p in model.model.layers[i].parameters():
+            p.requires_grad_(False)
+    model.config.update({CONFIG_KEY: DRAFT_VOCAB_FILE if len(draft_vocab) < tc.vocab_size else None,
+                         "tandem_init": {"from_target_layers": layers, "frozen_layers": frozen}})
+    return model

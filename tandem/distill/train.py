@@ -112,7 +112,7 @@ class Trainer:
         self.t2d = t2d
         # The trained head holds only the draft rows; it is written back into lm_head when saving.
         self.head = torch.nn.Parameter(model.lm_head.weight.detach()[self.draft_ids].clone())
-        params = [p for n, p in model.named_parameters() if not n.startswith("lm_head")] + [self.head]
+        params = [p for n, p in model.named_parameters() if not n.startswith("lm_head") and p.requires_grad] + [self.head]
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},

@@ -65,3 +65,85 @@ def test_distill_tiny_target(tiny_target_dir, tmp_path):
         drafter = load(out, threads=1)
         proposal = drafter.propose("s", 0, [1, 5, 6], 3)
         assert len(proposal.token_ids) == 3 and set(proposal.token_ids) <= set(dv.tolist())
+
+
+def test_drafter_from_target_layers_copies_the_target_exactly(tiny_target_dir):
+    """All of the target's layers, none frozen: the drafter computes the target's own logits, so the
+    copy (embedding, layers, rotary settings, final norm, tied head) loses nothing."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tandem.distill.student import build_student_from_target
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
+    n = target.config.num_hidden_layers
+    drafter = build_student_from_target(target, n, 0, np.arange(64)).eval()
+    ids = torch.tensor([[1, 7, 9, 33, 12, 5, 60, 2, 8]])
+    with torch.no_grad():
+        assert torch.allclose(drafter(ids).logits, target(ids).logits, atol=1e-5)
+    with pytest.raises(ValueError):
+        build_student_from_target(target, n + 1, 0, np.arange(64))
+    with pytest.raises(ValueError):
+        build_student_from_target(target, n, n, np.arange(64))
+
+
+def test_training_leaves_frozen_target_layers_untouched(tiny_target_dir, tmp_path):
+    """--frozen-layers F: the embedding and the bottom F layers stay the target's; the layers above
+    them and the draft head move."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tandem.distill import student, train
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
+    dv = np.arange(0, 64, 2, dtype=np.int64)
+    model = student.build_student_from_target(target, 2, 1, dv)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = np.random.default_rng(0)
+    shards = []
+    for _ in range(4):
+        toks = rng.integers(3, 64, size=20).astype(np.int32)
+        with torch.no_grad():
+            lp = torch.log_softmax(target(torch.tensor(toks[None], dtype=torch.long)).logits[0, :-1], -1)
+        top = lp.topk(4, -1)
+        shards.append({"tokens": toks, "start": 6, "top_ids": top.indices.numpy().astype(np.int32),
+                       "top_logp": top.values.numpy(), "question_id": 0})
+    groups = train.make_groups(shards, answers_per_group=2)
+    cfg = train.TrainConfig(steps=3, lr=1e-2, warmup=1, eval_every=100, ckpt_every=100)
+    train.Trainer(model, dv, groups, groups[:1], cfg, tmp_path, progress=False).fit()
+    after = model.state_dict()
+    frozen = [k for k in before if k.startswith(("model.embed_tokens", "model.layers.0."))]
+    trained = [k for k in before if k.startswith("model.layers.1.") and k.endswith("proj.weight")]
+    assert frozen and trained
+    assert all(torch.equal(before[k], after[k]) for k in frozen)
+    assert all(not torch.equal(before[k], after[k]) for k in trained)
+    assert not torch.equal(before["lm_head.weight"][dv], after["lm_head.weight"][dv])
+
+
+def test_distill_cli_from_target_layers(tiny_target_dir, tmp_path):
+    """`tandem distill --from-target-layers 2 --frozen-layers 1` end to end: the drafter keeps the
+    target's width, the model card says how it was built, and the drafter service serves it."""
+    import argparse
+
+    from tandem.distill import cli
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_ids": [1, 4 + i, 9, 17, 30 + i]}) + "\n" for i in range(4)))
+    out = tmp_path / "drafter"
+    argv = ["--target", str(tiny_target_dir), "--out", str(out), "--work-dir", str(tmp_path / "work"),
+            "--generate", "8", "--gen-tokens", "16", "--prompts", str(prompts), "--from-target-layers", "2",
+            "--frozen-layers", "1", "--draft-vocab", "40", "--steps", "3", "--eval-every", "3", "--no-progress"]
+    has_export = importlib.util.find_spec("tandem.export") is not None
+    if has_export:
+        argv.append("--export")
+    assert cli.run(cli.configure(argparse.ArgumentParser()).parse_args(argv)) == 0
+    info = json.loads((out / "distill_info.json").read_text())
+    assert info["init"] == {"from_target_layers": 2, "frozen_layers": 1}
+    assert info["student"]["hidden"] == 32 and info["student"]["layers"] == 2
+    assert info["trained_parameters"] < info["parameters"]
+    assert "first 2 decoder layers" in (out / "README.md").read_text()
+    if has_export:
+        from drafter_service.onnx_drafter import load
+
+        proposal = load(out, threads=1).propose("s", 0, [1, 5, 6], 2)
+        assert len(proposal.token_ids) == 2
