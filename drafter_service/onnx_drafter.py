@@ -215,8 +215,11 @@ class OnnxDrafter:
         return self._info
 
     def propose(self, session_id: str, prefix_length: int, appended_tokens, k: int,
-                sampling: SamplingParams | None = None) -> Proposal:
+                sampling: SamplingParams | None = None, min_confidence: float = 0.0) -> Proposal:
         """Syncs the session to (first ``prefix_length`` known tokens + ``appended_tokens``), drafts k tokens.
+
+        ``min_confidence`` > 0 ends the block early (an adaptive draft length): before a model draft
+        token whose position's top probability is below it. At least one token is always proposed.
 
         Raises UnknownSessionError for an unknown session with prefix_length > 0 or a prefix longer
         than the session knows, ValueError for bad arguments.
@@ -228,6 +231,9 @@ class OnnxDrafter:
         prefix_length = int(prefix_length)
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        min_confidence = float(min_confidence)
+        if not 0.0 <= min_confidence <= 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence}")
         if prefix_length < 0:
             raise ValueError(f"prefix_length must be >= 0, got {prefix_length}")
         appended = [int(t) for t in appended_tokens]
@@ -258,7 +264,7 @@ class OnnxDrafter:
             session.context = context
             with telemetry.span("draft", {"tandem.k": k, "tandem.context_tokens": len(context),
                                           "tandem.onnxruntime.runs": k}):
-                tokens = self._draft(session, context, k, sampling)
+                tokens = self._draft(session, context, k, sampling, min_confidence)
         self.sessions.touch(session_id)
         return Proposal(tokens=tuple(tokens), compute_ms=(time.perf_counter() - t0) * 1000.0)
 
@@ -297,7 +303,8 @@ class OnnxDrafter:
         feed.update(zip(self._past_names, past))
         return self.session.run(self._present_names, feed)
 
-    def _draft(self, session: _Session, context: list[int], k: int, sampling: SamplingParams) -> list[DraftToken]:
+    def _draft(self, session: _Session, context: list[int], k: int, sampling: SamplingParams,
+               min_confidence: float = 0.0) -> list[DraftToken]:
         # Rollback: keep the KV of the longest common prefix of what it holds and the new context,
         # but always re-feed at least the last context token (its logits start the draft).
         held = session.kv_ids
@@ -328,9 +335,15 @@ class OnnxDrafter:
         for step in range(len(looked), k):
             if sampling.greedy:
                 idx = int(np.argmax(logits))
+                # confidence stop: the top probability is 1 / sum(exp(logits - max))
+                if min_confidence and step and 1.0 / np.exp(logits - logits[idx]).sum() < min_confidence:
+                    break
                 tok = DraftToken(int(dv[idx]) if dv is not None else idx)
             else:
-                ids, probs = truncate_support(warp(logits, sampling), self.support_size)
+                warped = warp(logits, sampling)
+                if min_confidence and step and float(warped.max()) < min_confidence:
+                    break
+                ids, probs = truncate_support(warped, self.support_size)
                 choice = sample_index(probs, session.rng)
                 if dv is not None:
                     ids = dv[ids]

@@ -25,7 +25,8 @@ class DrafterServicer(drafter_grpc.DrafterServicer):
         # for that request anyway, and a session created after its EndSession would otherwise linger.
         proposal = await complete_or_undo(
             asyncio.to_thread(self.drafter.propose, request.session_id, request.prefix_length,
-                              list(request.appended_tokens), request.k, sampling_from_pb(request.sampling)),
+                              list(request.appended_tokens), request.k, sampling_from_pb(request.sampling),
+                              request.min_confidence),
             lambda: self.drafter.end_session(request.session_id))
         self.metrics.proposed(len(proposal.tokens), proposal.compute_ms)
         return drafter_pb2.Proposal(tokens=draft_to_pb(proposal.tokens), compute_ms=proposal.compute_ms)

@@ -120,10 +120,10 @@ class DrafterClient:
         return info_from_pb(msg)
 
     async def propose(self, session_id: str, prefix_length: int, appended_tokens: Sequence[int], k: int,
-                      sampling: SamplingParams) -> Proposal:
+                      sampling: SamplingParams, min_confidence: float = 0.0) -> Proposal:
         request = drafter_pb2.ProposeRequest(session_id=session_id, prefix_length=prefix_length,
                                              appended_tokens=list(appended_tokens), k=k,
-                                             sampling=sampling_to_pb(sampling))
+                                             sampling=sampling_to_pb(sampling), min_confidence=min_confidence)
         try:
             reply = await self.stub.Propose(request, timeout=call_timeout(self.timeout_s))
         except grpc.aio.AioRpcError as err:

@@ -39,6 +39,7 @@ class GenerateParams:
     draft_length: int = 0           # 0: the gateway's default
     no_speculation: bool = False
     ignore_eos: bool = False
+    draft_confidence: float | None = None   # None: the gateway's default; 0: always draft_length tokens
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Step:
 @dataclass
 class GatewayConfig:
     draft_length: int = 2
+    draft_confidence: float = 0.0         # adaptive draft length: the drafter stops below this top probability
     max_draft_length: int = 32
     max_tokens_limit: int = 4096
     no_speculation: bool = False          # gateway-wide default
@@ -189,7 +191,13 @@ class Gateway:
                              f"{self.target.max_context} tokens")
         if not 0 <= params.draft_length <= self.config.max_draft_length:
             raise ValueError(f"draft_length must be between 0 (default) and {self.config.max_draft_length}")
+        if params.draft_confidence is not None and not 0.0 <= params.draft_confidence < 1.0:
+            raise ValueError(f"draft_confidence must be in [0, 1), got {params.draft_confidence}")
         return params.draft_length or self.config.draft_length
+
+    def draft_confidence(self, params: GenerateParams) -> float:
+        """The confidence stop of a request: its own value, else the gateway's default."""
+        return self.config.draft_confidence if params.draft_confidence is None else float(params.draft_confidence)
 
     async def generate(self, params: GenerateParams, stats: RequestStats) -> AsyncIterator[Step]:
         """Runs one request; yields a Step per round (the prefill first). Frees both sessions at the end,
@@ -210,6 +218,7 @@ class Gateway:
         request = Request(session_id=uuid.uuid4().hex, prompt_ids=tuple(prompt_ids),
                           max_tokens=min(params.max_tokens, self.target.max_context - len(prompt_ids)),
                           sampling=params.sampling, k=k if drafter is not None else 0,
+                          min_confidence=self.draft_confidence(params),
                           eos_token_ids=frozenset() if params.ignore_eos else frozenset(self.target.eos_token_ids),
                           max_context=self.target.max_context, trace_context=telemetry.context_with(span))
         generated: list[int] = []

@@ -25,7 +25,8 @@ class DrafterPort(Protocol):
         """The drafter's model info; ``wait_s``: wait that long for it to become reachable."""
 
     async def propose(self, session_id: str, prefix_length: int, appended_tokens: Sequence[int], k: int,
-                      sampling: SamplingParams) -> Proposal: ...
+                      sampling: SamplingParams, min_confidence: float = 0.0) -> Proposal:
+        """Up to k draft tokens (exactly k when ``min_confidence`` is 0)."""
 
     async def end(self, session_id: str) -> None: ...
 

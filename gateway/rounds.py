@@ -2,9 +2,9 @@
 
     first = target(prompt)                                  # prefill: the first token is the target's own
     loop:
-        x_1..x_k, q = drafter(context, k)                   # proposal (synced to the accepted prefix)
-        n, y = verifier(x_1..x_k, q)                        # one target forward over k+1 positions
-        emit x_1..x_n, y                                    # y: recovered token, or bonus if n == k
+        x_1..x_m, q = drafter(context, k)                   # proposal, m <= k (synced to the accepted prefix)
+        n, y = verifier(x_1..x_m, q)                        # one target forward over m+1 positions
+        emit x_1..x_n, y                                    # y: recovered token, or bonus if n == m
     until EOS or max_tokens
 
 Without a drafter (``--no-speculation``, or after the drafter failed mid-request) a round verifies
@@ -50,10 +50,11 @@ class Request:
     prompt_ids: tuple[int, ...]
     max_tokens: int
     sampling: SamplingParams
-    k: int                               # fixed draft length; 0 disables speculation
+    k: int                               # draft length (the most a round drafts); 0 disables speculation
     eos_token_ids: frozenset[int]
     max_context: int
     trace_context: object = None         # OTel Context of the request's span: parent of prefill and rounds
+    min_confidence: float = 0.0          # > 0: the drafter may end a block early (adaptive draft length)
 
 
 async def generate_rounds(req: Request, verifier: VerifierPort, drafter: DrafterPort | None) -> AsyncIterator[Round]:
@@ -84,9 +85,10 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
                 try:
                     try:
                         proposal = await drafter.propose(req.session_id, drafter_seen, sequence[drafter_seen:], k,
-                                                         req.sampling)
+                                                         req.sampling, req.min_confidence)
                     except DrafterLostSession:
-                        proposal = await drafter.propose(req.session_id, 0, sequence, k, req.sampling)
+                        proposal = await drafter.propose(req.session_id, 0, sequence, k, req.sampling,
+                                                         req.min_confidence)
                     drafter_seen = len(sequence)
                 except DrafterUnavailable as exc:
                     drafter, fallback = None, f"drafter unavailable: {exc}"

@@ -11,6 +11,7 @@ import os
 import sys
 
 DEFAULT_HOST = "127.0.0.1"
+DEFAULT_DRAFT_CONFIDENCE = 0.0  # adaptive draft length off until tuned
 
 
 def env(name: str, default=None, cast=str):
@@ -134,6 +135,9 @@ def configure_serve_gateway(p):
     flag(p, "drafter", f"{DEFAULT_HOST}:50061", help="drafter address host:port ('' for none: target only)")
     flag(p, "draft-length", 2, int, help="default draft length k (tokens proposed per round; 2 measured best "
          "with the shipped drafter on a 2-core CPU, see BENCHMARKS.md)")
+    flag(p, "draft-confidence", DEFAULT_DRAFT_CONFIDENCE, float, help="adaptive draft length: the drafter ends a "
+         "block early, before a token whose drafter probability is below this, so a round drafts 1..k tokens "
+         "(0 = always k; requests may set their own)")
     flag(p, "max-tokens-limit", 4096, int, help="largest max_tokens a request may ask for")
     flag(p, "no-speculation", help="decode with the target alone by default (the baseline)", cast=bool)
     flag(p, "wait", 300.0, float, help="seconds to wait for the verifier at start")
@@ -154,7 +158,8 @@ async def _serve_gateway(args) -> int:
     from tandem import telemetry
 
     tracing = telemetry.setup("tandem-gateway")
-    config = GatewayConfig(draft_length=args.draft_length, max_tokens_limit=args.max_tokens_limit,
+    config = GatewayConfig(draft_length=args.draft_length, draft_confidence=args.draft_confidence,
+                           max_tokens_limit=args.max_tokens_limit,
                            no_speculation=args.no_speculation,
                            max_concurrent_requests=args.max_concurrent_requests,
                            drafter_retry_max_s=args.drafter_retry_max)
@@ -176,6 +181,8 @@ def configure_generate(p):
     flag(p, "seed", None, int, help="seed for reproducible sampling")
     p.add_argument("-k", "--draft-length", type=int, default=env("draft_length", 0, int),
                    help="draft length for this request (0: the gateway's default) [env TANDEM_DRAFT_LENGTH]")
+    flag(p, "draft-confidence", None, float, help="adaptive draft length for this request: the drafter stops "
+         "before a token it is less sure of than this (0 = always -k tokens; default: the gateway's)")
     flag(p, "no-speculation", help="decode with the target alone (the baseline)", cast=bool)
     flag(p, "chat", help="apply the target's chat template to the prompt", cast=bool)
     flag(p, "ignore-eos", help="keep generating past the EOS token", cast=bool)

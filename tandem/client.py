@@ -17,7 +17,8 @@ def build_request(args) -> gateway_pb2.GenerateRequest:
                                          seed=args.seed or 0, has_seed=args.seed is not None)
     return gateway_pb2.GenerateRequest(prompt=args.prompt, chat=args.chat, max_tokens=args.max_tokens,
                                        sampling=sampling, draft_length=args.draft_length,
-                                       no_speculation=args.no_speculation, ignore_eos=args.ignore_eos)
+                                       no_speculation=args.no_speculation, ignore_eos=args.ignore_eos,
+                                       draft_confidence=getattr(args, "draft_confidence", None))
 
 
 def stats_line(s: gateway_pb2.GenerateStats) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tandem.cli import DEFAULT_HOST, flag
+from tandem.cli import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_HOST, flag
 
 
 def configure(p):
@@ -23,6 +23,8 @@ def configure(p):
     flag(p, "drafter", "default", help="drafter for the drafter service ('default' or a path)")
     flag(p, "gateway-port", 50051, int, help="gateway port (drafter and verifier take free ports)")
     flag(p, "draft-length", 2, int, help="default draft length k")
+    flag(p, "draft-confidence", DEFAULT_DRAFT_CONFIDENCE, float, help="adaptive draft length: the drafter stops a "
+         "block before a token it is less sure of than this (0 = always k)")
     flag(p, "drafter-threads", 1, int, help="ONNX Runtime threads of the drafter")
     flag(p, "verifier-threads", 0, int, help="torch threads of the verifier (0: torch's default)")
     flag(p, "startup-timeout", 900.0, float, help="seconds to wait for all three to be healthy")
@@ -118,7 +120,7 @@ def start_cluster(args) -> Cluster:
         drafter = cluster.wait_port("drafter", deadline)
         cluster.spawn("gateway", ["--verifier", f"{DEFAULT_HOST}:{verifier}", "--drafter", f"{DEFAULT_HOST}:{drafter}",
                                   "--port", str(args.gateway_port), "--draft-length", str(args.draft_length),
-                                  *metrics(0)])
+                                  "--draft-confidence", str(args.draft_confidence), *metrics(0)])
         gateway = cluster.wait_port("gateway", deadline)
     except BaseException:
         cluster.stop()

@@ -29,9 +29,9 @@ class LocalDrafter:
     async def info(self, wait_s=None):
         return self.drafter.info
 
-    async def propose(self, session_id, prefix_length, appended_tokens, k, sampling):
+    async def propose(self, session_id, prefix_length, appended_tokens, k, sampling, min_confidence=0.0):
         try:
-            return self.drafter.propose(session_id, prefix_length, appended_tokens, k, sampling)
+            return self.drafter.propose(session_id, prefix_length, appended_tokens, k, sampling, min_confidence)
         except KeyError as exc:
             raise DrafterLostSession(str(exc)) from exc
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from tandem.cli import flag
 
 DEFAULT_SWEEP = "1,2,3,4,6,8"
+ADAPTIVE_CONFIDENCE = 0.3  # the adaptive mode's confidence stop (see BENCHMARKS.md)
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -53,6 +54,9 @@ def configure(p) -> None:
     g = p.add_argument_group("modes")
     flag(g, "k-sweep", DEFAULT_SWEEP, help="fixed draft lengths k to benchmark")
     flag(g, "default-k", 2, int, help="the gateway's default k (kept first when the time budget is short)")
+    flag(g, "adaptive-k", 6, int, help="adaptive mode: the most draft tokens a round (0 = no adaptive mode)")
+    flag(g, "draft-confidence", ADAPTIVE_CONFIDENCE, float, help="adaptive mode: the drafter ends a block before "
+         "a token whose drafter probability is below this")
     flag(g, "hf-drafter", "auto", help="torch drafter for HF assisted generation: 'auto' (the 'source' in the "
          "drafter's drafter.json), 'none', or an HF dir / .gguf")
     flag(g, "hf-k", 0, int, help="HF assisted: num_assistant_tokens, constant, no early stop (0: HF's defaults)")

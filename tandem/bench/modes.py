@@ -3,9 +3,10 @@
 * ``baseline``: plain decoding through the verifier (``no_speculation``), the denominator of every
   Tandem speedup.
 * ``k=N``: speculative decoding through the gateway with a fixed draft length N.
-* ``adaptive``: the gateway choosing k itself. Not in the gateway yet: ``adaptive_supported`` finds
-  out from the request message (a field named ``adaptive`` or ``adaptive_draft_length``); once the
-  gateway has it, the mode runs with no change here beyond the request field below.
+* ``adaptive``: an adaptive draft length: up to ``--adaptive-k`` tokens a round, the drafter ending a
+  block early before a token it is less sure of than ``--draft-confidence`` (GenerateRequest field
+  ``draft_confidence``; a gateway without that field skips the mode, with a note). Fixed-k modes send
+  ``draft_confidence = 0`` so that they draft exactly k tokens whatever the gateway's default.
 * ``hf_plain`` / ``hf_assisted``: in-process Hugging Face transformers ``generate`` of the same
   target, alone and with ``assistant_model=`` the torch version of the drafter: the peer baseline.
 """
@@ -18,21 +19,24 @@ BASELINE = "baseline"
 ADAPTIVE = "adaptive"
 HF_PLAIN = "hf_plain"
 HF_ASSISTED = "hf_assisted"
-ADAPTIVE_FIELDS = ("adaptive", "adaptive_draft_length")
+ADAPTIVE_FIELDS = ("draft_confidence",)
 
 
 @dataclass(frozen=True)
 class Mode:
     name: str
     kind: str          # "gateway" or "hf"
-    k: int = 0         # fixed draft length (gateway speculative modes)
+    k: int = 0         # fixed draft length (gateway speculative modes); adaptive: the most per round
     speculative: bool = False
     adaptive: bool = False
+    confidence: float = 0.0  # adaptive: the drafter's confidence stop
 
     @property
     def label(self) -> str:
         return {BASELINE: "baseline (no speculation)", HF_PLAIN: "HF generate (target alone)",
-                HF_ASSISTED: "HF assisted generation", ADAPTIVE: "adaptive k"}.get(self.name, f"speculative {self.name}")
+                HF_ASSISTED: "HF assisted generation",
+                ADAPTIVE: f"adaptive k<={self.k} (stop below p {self.confidence:g})"}.get(self.name,
+                                                                                       f"speculative {self.name}")
 
 
 def spec_mode(k: int) -> Mode:
@@ -40,7 +44,11 @@ def spec_mode(k: int) -> Mode:
 
 
 BASELINE_MODE = Mode(BASELINE, "gateway")
-ADAPTIVE_MODE = Mode(ADAPTIVE, "gateway", speculative=True, adaptive=True)
+
+
+def adaptive_mode(max_k: int, confidence: float) -> Mode:
+    return Mode(ADAPTIVE, "gateway", k=max_k, speculative=True, adaptive=True, confidence=confidence)
+
 HF_PLAIN_MODE = Mode(HF_PLAIN, "hf")
 HF_ASSISTED_MODE = Mode(HF_ASSISTED, "hf", speculative=True)
 

@@ -56,6 +56,12 @@ def markdown(results: dict) -> str:
     L.append("")
     L.append("```\n" + " ".join(shlex.quote(x) for x in results["command"]) + "\n```")
     L.append("")
+    for m in results.get("modes") or []:
+        if m.get("adaptive"):
+            L.append(f"Mode `adaptive`: adaptive k<={m['k']} (stop below p {m['confidence']:g}): up to {m['k']} draft "
+                     f"tokens a round, the drafter ending a block before a token whose drafter probability is below "
+                     f"{m['confidence']:g}. Fixed-k modes draft exactly k tokens a round.")
+            L.append("")
 
     # ---- verdict first: equivalence ----------------------------------------------------------
     L.append("## Greedy output equivalence")

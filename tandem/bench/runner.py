@@ -81,7 +81,9 @@ class GatewayRunner:
         if mode.adaptive:
             if not self.adaptive_field:
                 raise RuntimeError("this gateway has no adaptive draft length")
-            setattr(req, self.adaptive_field, True)
+            setattr(req, self.adaptive_field, mode.confidence)
+        elif mode.speculative and self.adaptive_field:
+            setattr(req, self.adaptive_field, 0.0)  # a fixed k drafts exactly k tokens
         return req
 
     def run(self, mode: M.Mode, prompt: Prompt, settings: Settings, repeat: int = 0,
@@ -391,6 +393,7 @@ def start_services(args, log_dir: Path):
     from tandem.up import start_cluster
 
     ns = SimpleNamespace(target=args.target, drafter=args.drafter, gateway_port=0, draft_length=args.default_k,
+                         draft_confidence=0.0,
                          drafter_threads=args.drafter_threads, verifier_threads=args.verifier_threads,
                          startup_timeout=args.startup_timeout, log_dir=str(log_dir))
     return start_cluster(ns)
@@ -440,8 +443,10 @@ def run_benchmark(args, prompts: list[Prompt], run_order: list[Prompt], settings
         # ---- the modes --------------------------------------------------------------------------
         gw = GatewayRunner(gateway_addr)
         modes: list[M.Mode] = [M.BASELINE_MODE] + [M.spec_mode(k) for k in args.k_sweep]
-        if gw.adaptive_field:
-            modes.append(M.ADAPTIVE_MODE)
+        if gw.adaptive_field and args.adaptive_k:
+            modes.append(M.adaptive_mode(args.adaptive_k, args.draft_confidence))
+        elif not args.adaptive_k:
+            notes.append("adaptive mode: not run (--adaptive-k 0)")
         else:
             notes.append("adaptive mode: not run, this gateway has no adaptive draft length yet "
                          f"(GenerateRequest has none of the fields {', '.join(M.ADAPTIVE_FIELDS)})")

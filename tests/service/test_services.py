@@ -63,6 +63,21 @@ def test_sampled_generation_is_reproducible_with_a_seed(stack):
     assert list(a.token_ids) == list(b.token_ids) and a.stats.proposed > 0
 
 
+def test_adaptive_draft_length_keeps_the_output_and_shortens_unsure_blocks(stack):
+    """draft_confidence: the drafter ends blocks early (the tiny random drafter is never 90 % sure, so
+    every block is one token); 0 drafts exactly draft_length; the tokens are the target's either way."""
+    prompt = "w1 w5 w9 w20"
+    fixed = stack.gateway_stub.Generate(request(prompt=prompt, draft_length=4, draft_confidence=0.0), timeout=60)
+    adaptive = stack.gateway_stub.Generate(request(prompt=prompt, draft_length=4, draft_confidence=0.9), timeout=60)
+    plain = stack.gateway_stub.Generate(request(prompt=prompt, no_speculation=True), timeout=60)
+    assert list(fixed.token_ids) == list(adaptive.token_ids) == list(plain.token_ids)
+    # k: the most a round may draft (4, less near max_tokens)
+    assert all(r.proposed == r.k for r in fixed.stats.round_stats) and fixed.stats.round_stats[0].k == 4
+    assert all(r.proposed == min(1, r.k) for r in adaptive.stats.round_stats)
+    assert sum(r.k == 4 for r in adaptive.stats.round_stats) > 5
+    assert adaptive.stats.proposed == sum(r.proposed for r in adaptive.stats.round_stats)
+
+
 def test_sessions_are_freed_after_requests(stack):
     stack.gateway_stub.Generate(request(prompt="w1 w2"), timeout=60)
     assert len(stack.target.sessions) == 0
@@ -79,6 +94,8 @@ def test_sessions_are_freed_after_requests(stack):
     (request(prompt="w1", sampling=common_pb2.SamplingParams(temperature=1, top_p=1.5)), "top_p"),
     (request(prompt="w1", sampling=common_pb2.SamplingParams(temperature=1, top_p=-0.5)), "top_p"),
     (request(prompt_ids=[1, 999]), "outside the vocabulary"),
+    (request(prompt="w1", draft_confidence=1.5), "draft_confidence"),
+    (request(prompt="w1", draft_confidence=-0.1), "draft_confidence"),
 ])
 def test_gateway_rejects_bad_input_and_stays_up(stack, req, message):
     with pytest.raises(grpc.RpcError) as err:

@@ -80,6 +80,7 @@ def test_tiny_bench_end_to_end(tmp_path, questions, tiny_target_dir, tiny_target
             "bench", "--gateway", stack.gateway_addr, "--verifier-addr", stack.verifier_addr,
             "--drafter-addr", stack.drafter_addr, "--target", str(tiny_target_dir), "--drafter",
             str(drafter_dir), "--questions", str(questions), "--k-sweep", "1,3", "--default-k", "3",
+            "--adaptive-k", "4", "--draft-confidence", "0.5",
             "--max-tokens", "12", "--repeats", "3", "--time-budget", "0", "--out", str(out), "--no-progress",
             "--ignore-eos"])
         assert run(args) == 0
@@ -89,17 +90,17 @@ def test_tiny_bench_end_to_end(tmp_path, questions, tiny_target_dir, tiny_target
     for name in ("results.json", "report.md", "speedup.png", "acceptance_by_position.png", "time_breakdown.png"):
         assert (out / name).stat().st_size > 0, name
     res = json.loads((out / "results.json").read_text())
-    assert res["mode_names"] == ["baseline", "k=1", "k=3", "hf_plain", "hf_assisted"]
+    assert res["mode_names"] == ["baseline", "k=1", "k=3", "adaptive", "hf_plain", "hf_assisted"]
     assert res["hf"]["assistant"].rstrip("/").endswith(tiny_target_dir.name)    # found via drafter.json 'source'
     assert res["environment"]["versions"]["torch"] and res["environment"]["git"]
     assert res["workload"]["prompts"] == 5 and res["workload"]["per_category"] == {"alpha": 3, "beta": 2}
     samples = res["samples"]
-    assert len(samples) == 5 * 5 * 3 and not any("error" in s for s in samples)
+    assert len(samples) == 5 * 6 * 3 and not any("error" in s for s in samples)
     assert all(s["new_tokens"] == 12 for s in samples)
 
     a = res["analysis"]
     eq = a["equivalence"]
-    assert eq["applicable"] and eq["ok"] and eq["checked"] == 5 * 3 * 3 - 5    # all Tandem samples but the refs
+    assert eq["applicable"] and eq["ok"] and eq["checked"] == 5 * 4 * 3 - 5    # all Tandem samples but the refs
     assert eq["hf"]["ok"], eq["hf"]["mismatches"]
 
     # speedup = mean tokens/s of the mode / mean tokens/s of the baseline (per-prompt medians over repeats)
@@ -127,6 +128,10 @@ def test_tiny_bench_end_to_end(tmp_path, questions, tiny_target_dir, tiny_target
     assert a["overall"]["k=3"]["acceptance_rate"] == pytest.approx(accepted / sum(s["server"]["proposed"] for s in k3))
     assert len(a["overall"]["k=3"]["acceptance_by_position"]) == 3
     assert all(max(s["rounds"]["proposed"]) <= 3 for s in k3)
+    assert all(set(s["rounds"]["proposed"][:-1]) == {3} for s in k3)   # fixed k (the last round may be cut)
+    # adaptive: the tiny random drafter is never 50 % sure of a token, so every block stops after one
+    adaptive = [s for s in samples if s["mode"] == "adaptive"]
+    assert adaptive and all(set(s["rounds"]["proposed"][:-1]) == {1} for s in adaptive)
     assert a["overall"]["baseline"]["mean_acceptance_length"] == 1.0
     assert all(s["server"]["speculative"] for s in k3)
     assert a["overall"]["k=3"]["mean_acceptance_length"] > 1.0            # the drafter is the target itself
@@ -134,7 +139,7 @@ def test_tiny_bench_end_to_end(tmp_path, questions, tiny_target_dir, tiny_target
 
     report = (out / "report.md").read_text()
     assert "## Greedy output equivalence" in report and "**OK**" in report
-    assert "adaptive mode: not run" in report
+    assert "adaptive k<=4 (stop below p 0.5)" in report
     assert "| beta |" in report and "speedup.png" in report
     assert "## Per category and mode" in report
     # peak RSS of live services is "n/a" unless pids or a metrics endpoint are given

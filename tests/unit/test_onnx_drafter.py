@@ -213,3 +213,37 @@ def test_drafter_service_imports_no_torch(tiny_drafter_onnx):
     root = Path(__file__).resolve().parents[2]
     res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
+def test_confidence_stop_ends_the_block_before_an_unsure_token(drafter, tiny_drafter_onnx):
+    """min_confidence: the block is the full greedy block cut before the first token (after the first)
+    whose top probability is below the threshold; the session then continues exactly as a fresh one."""
+    from drafter_service.sampling import softmax
+    from tandem.distill.evaluate import OrtDrafter
+
+    full = drafter.propose("full", 0, PROMPT, 6).token_ids
+    ref = OrtDrafter(Path(tiny_drafter_onnx) / "model.onnx")
+    logits, tops = ref.feed(PROMPT), []
+    for tok in full:
+        tops.append(float(softmax(logits.astype(np.float64)).max()))
+        logits = ref.feed([tok])
+
+    def expected(threshold):
+        return next((i for i in range(1, 6) if tops[i] < threshold), 6)
+
+    # thresholds half-way between the confidences seen (no float ties), below all and above all
+    levels = sorted(set(tops[1:]))
+    thresholds = [levels[0] / 2] + [(a + b) / 2 for a, b in zip(levels, levels[1:])] + [(levels[-1] + 1) / 2]
+    for threshold in thresholds:
+        got = drafter.propose(f"t{threshold}", 0, PROMPT, 6, SamplingParams(), min_confidence=threshold).token_ids
+        assert got == full[:expected(threshold)], threshold
+    assert expected(thresholds[0]) == 6 and expected(thresholds[-1]) == 1
+
+    short = drafter.propose("s", 0, PROMPT, 6, SamplingParams(), min_confidence=1.0).token_ids
+    assert short == full[:1]
+    nxt = drafter.propose("s", len(PROMPT), short + [17], 3).token_ids
+    assert nxt == drafter.propose("fresh", 0, PROMPT + short + [17], 3).token_ids
+    sampled = drafter.propose("x", 0, PROMPT, 5, SAMPLED, min_confidence=1.0)
+    assert len(sampled.tokens) == 1 and sampled.tokens[0].support_ids
+    with pytest.raises(ValueError, match="min_confidence"):
+        drafter.propose("s", 0, PROMPT, 2, SamplingParams(), min_confidence=1.5)
