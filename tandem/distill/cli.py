@@ -97,7 +97,8 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     e = parser.add_argument_group("export")
     e.add_argument("--export", action="store_true", help="export the trained drafter to ONNX in --out (needs tandem.export)")
-    e.add_argument("--quantize", default=None, choices=["int8", "fp16"], help="quantisation for --export")
+    e.add_argument("--quantize", default=None, choices=["int8", "int4", "fp16"],
+                   help="quantisation for --export (int4: block-wise 4-bit weights, see tandem export-drafter)")
     return parser
 
 

@@ -121,12 +121,13 @@ class ServedDrafter:
     proposal of k greedy tokens per round for the whole context so far."""
 
     def __init__(self, onnx_path: str | os.PathLike, threads: int = 1, lookup_max_ngram: int = 4,
-                 lookup_min_ngram: int = 1):
+                 lookup_min_ngram: int = 1, min_confidence: float = 0.0):
         from drafter_service.onnx_drafter import OnnxDrafter
 
         self.impl = OnnxDrafter(onnx_path, threads=threads, lookup_max_ngram=lookup_max_ngram,
                                 lookup_min_ngram=lookup_min_ngram)
         self.n = 0
+        self.min_confidence = min_confidence
 
     def reset(self):
         self.impl.end_session(f"eval-{self.n}")
@@ -135,7 +136,7 @@ class ServedDrafter:
     def draft(self, context: list[int], k: int) -> list[int]:
         from tandem.types import SamplingParams
 
-        prop = self.impl.propose(f"eval-{self.n}", 0, context, k, SamplingParams())
+        prop = self.impl.propose(f"eval-{self.n}", 0, context, k, SamplingParams(), self.min_confidence)
         return [t.token_id for t in prop.tokens]
 
 
@@ -149,6 +150,7 @@ def simulate_tau(drafter, refs: list[dict], k: int = 4, max_new: int = 128, prog
 
     per_cat = collections.defaultdict(lambda: [0, 0, 0])  # tokens, rounds, accepted
     pos_accept = np.zeros(k)
+    proposed_total = 0
     t0 = time.perf_counter()
     for ref in tqdm(refs, desc="simulate", disable=not progress):
         prompt = list(ref["prompt_ids"])
@@ -168,14 +170,15 @@ def simulate_tau(drafter, refs: list[dict], k: int = 4, max_new: int = 128, prog
                     draft.append(drafter.to_target(int(np.argmax(logits))))
                     if j < k - 1:
                         logits = drafter.feed([draft[-1]])
+            proposed_total += len(draft)
             a = 0
-            while a < k and pos + a < n and draft[a] == gen[pos + a]:
+            while a < len(draft) and pos + a < n and draft[a] == gen[pos + a]:
                 pos_accept[a] += 1
                 a += 1
             rounds += 1
             acc_total += a
             if hasattr(drafter, "crop"):
-                drafter.crop(P + pos + min(a, k - 1))
+                drafter.crop(P + pos + min(a, len(draft) - 1))
             pos += min(a + 1, n - pos)
         c = per_cat[ref.get("category", "all")]
         c[0] += n
@@ -185,7 +188,8 @@ def simulate_tau(drafter, refs: list[dict], k: int = 4, max_new: int = 128, prog
     return {
         "k": k, "prompts": len(refs), "tokens": tot[0], "rounds": tot[1],
         "tau": tot[0] / max(tot[1], 1),
-        "acceptance_rate": tot[2] / max(tot[1] * k, 1),
+        "acceptance_rate": tot[2] / max(proposed_total, 1),
+        "mean_proposed": round(proposed_total / max(tot[1], 1), 3),
         "per_position_acceptance": (pos_accept / max(tot[1], 1)).round(4).tolist(),
         "per_category": {c: {"tau": round(v[0] / max(v[1], 1), 3), "tokens": v[0], "rounds": v[1]}
                          for c, v in sorted(per_cat.items())},
@@ -275,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                         "prompt lookup --lookup-ngram .. --lookup-min-ngram in front of the model)")
     e.add_argument("--lookup-ngram", type=int, default=4, help="with --served (default: %(default)s)")
     e.add_argument("--lookup-min-ngram", type=int, default=1, help="with --served (default: %(default)s)")
+    e.add_argument("--min-confidence", type=float, action="append", default=None,
+                   help="with --served: the drafter's confidence stop (adaptive draft length); repeatable, one "
+                        "simulation each (default: 0 = always k tokens)")
     e.add_argument("--k", type=int, default=4)
     e.add_argument("--limit", type=int, default=0, help="use only the first N references (0 = all)")
     e.add_argument("--per-category", type=int, default=0,
@@ -318,10 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.onnx:
         name = f"ONNX {Path(path).parent.name}/{Path(path).name}"
         res["tau"][name] = simulate_tau(OrtDrafter(path, threads=args.threads), refs, k=args.k)
-        if args.served:
+        for conf in (args.min_confidence or [0.0]) if args.served else []:
             served = ServedDrafter(path, threads=args.threads, lookup_max_ngram=args.lookup_ngram,
-                                   lookup_min_ngram=args.lookup_min_ngram)
-            res["tau"][f"{name} + prompt lookup {args.lookup_ngram}..{args.lookup_min_ngram} (as served)"] = \
+                                   lookup_min_ngram=args.lookup_min_ngram, min_confidence=conf)
+            stop = f", confidence stop {conf:g}" if conf else ""
+            res["tau"][f"{name} + prompt lookup {args.lookup_ngram}..{args.lookup_min_ngram}{stop} (as served)"] = \
                 simulate_tau(served, refs, k=args.k)
     if args.onnx and not args.no_cost:
         target, _, _ = load_causal_lm(args.target)
@@ -329,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             res["cost"][f"{Path(path).parent.name}/{Path(path).name}"] = step_costs(
                 target, path, ort_threads=args.threads, torch_threads=args.threads)
     for name, t in res["tau"].items():
-        print(f"{name}: tau {t['tau']:.3f} " + " ".join(f"{c}={v['tau']:.2f}" for c, v in t["per_category"].items()),
+        print(f"{name}: tau {t['tau']:.3f} (drafts/round {t['mean_proposed']:.2f}) " + " ".join(f"{c}={v['tau']:.2f}" for c, v in t["per_category"].items()),
               file=sys.stderr)
     for name, c in res["cost"].items():
         print(f"{name}: drafter {c['drafter_ms']} ms / target {c['target_ms']} ms = {c['ratio']:.3f}", file=sys.stderr)
