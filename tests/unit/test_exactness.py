@@ -8,8 +8,10 @@ histogram of (t1, t2, t3) with the exact joint distribution computed from the ta
 (p(t1) p(t2|t1) p(t3|t1,t2)) by a chi-square test; cells with expected count < 5 are pooled.
 False-alarm rate: the test fails when p < 1e-3 (one run in a thousand of a correct sampler).
 A control run with a broken rule (every draft accepted, i.e. the drafter's distribution) must
-fail the same test, so the test can fail. The test runs twice: with the model drafting, and with
-prompt lookup on a prompt whose bigram recurs (draft tokens copied from the context, q = point mass).
+fail the same test, so the test can fail. The test runs three times: with the model drafting, with
+prompt lookup on a prompt whose bigram recurs (draft tokens copied from the context, q = point mass),
+and with k = 2 and the drafter's confidence stop (blocks of 1 or 2 tokens, t2 and t3 then both come
+from the first round).
 """
 
 import asyncio
@@ -71,16 +73,22 @@ def exact_joint(target, sampling, prompt=PROMPT) -> dict[tuple[int, int, int], f
     return joint
 
 
-def draw(verifier, drafter, n, sampling, k=1, prompt=PROMPT):
+def draw(verifier, drafter, n, sampling, k=1, prompt=PROMPT, min_confidence=0.0, block_sizes=None):
+    """Joint counts of the first three generated tokens over n seeded requests; ``block_sizes``
+    (a dict) collects how many tokens the first round's proposal had."""
     async def run():
         counts = {}
         for i in range(n):
-            req = Request(f"s{i}", prompt, 3, SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed=i),
-                          k, frozenset(), 256)
+            req = Request(f"s{i}", prompt, 1 + k + 1, SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p,
+                                                                     seed=i),
+                          k, frozenset(), 256, min_confidence=min_confidence)
             tokens = []
             async for rnd in generate_rounds(req, verifier, drafter):
                 tokens.extend(rnd.tokens)
-            counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+                if rnd.index == 1 and block_sizes is not None:
+                    block_sizes[rnd.proposed] = block_sizes.get(rnd.proposed, 0) + 1
+            first3 = tuple(tokens[:3])
+            counts[first3] = counts.get(first3, 0) + 1
             await verifier.end(req.session_id)
             await drafter.end(req.session_id)
         return counts
@@ -108,13 +116,18 @@ def lookup_drafter(tiny_drafter_onnx):
     return OnnxDrafter(tiny_drafter_onnx, threads=1, lookup_max_ngram=2, lookup_min_ngram=1)
 
 
-@pytest.mark.parametrize("which, prompt", [("model", PROMPT), ("lookup", (5, 9, 14, 5, 9))])
+@pytest.mark.parametrize("which, prompt", [("model", PROMPT), ("lookup", (5, 9, 14, 5, 9)),
+                                           ("confidence stop", PROMPT)])
 def test_speculative_sampling_matches_target_distribution(target, drafter, lookup_drafter, which, prompt):
     joint = exact_joint(target, SAMPLING, prompt)
     assert abs(sum(joint.values()) - 1) < 1e-4
-    counts = draw(LocalVerifier(target), LocalDrafter(drafter if which == "model" else lookup_drafter), N,
-                  SAMPLING, prompt=prompt)
+    sizes: dict[int, int] = {}
+    k, stop = (2, 0.35) if which == "confidence stop" else (1, 0.0)
+    counts = draw(LocalVerifier(target), LocalDrafter(drafter if which != "lookup" else lookup_drafter), N,
+                  SAMPLING, k=k, prompt=prompt, min_confidence=stop, block_sizes=sizes)
     assert sum(counts.values()) == N
+    if which == "confidence stop":      # both block lengths really occur
+        assert sizes.get(1, 0) > N // 20 and sizes.get(2, 0) > N // 20, sizes
     # The drafter really disagrees with the target: the test exercises rejections and bonus tokens.
     p = chi_square_p(counts, joint, N)
     assert p > ALPHA, f"speculative samples deviate from the target distribution (chi-square p = {p:.2e})"
