@@ -11,7 +11,7 @@ import os
 import sys
 
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_DRAFT_CONFIDENCE = 0.0  # adaptive draft length off until tuned
+DEFAULT_DRAFT_CONFIDENCE = 0.0  # confidence stop off: it did not pay end to end on the 2-core CPU (BENCHMARKS.md)
 
 
 def env(name: str, default=None, cast=str):

@@ -11,7 +11,7 @@ from pathlib import Path
 from tandem.cli import flag
 
 DEFAULT_SWEEP = "1,2,3,4,6,8"
-ADAPTIVE_CONFIDENCE = 0.3  # the adaptive mode's confidence stop (see BENCHMARKS.md)
+ADAPTIVE_CONFIDENCE = 0.5  # the adaptive mode's confidence stop (the value of the runs in BENCHMARKS.md)
 
 
 def _ints(text: str, what: str) -> list[int]:
