@@ -280,6 +280,11 @@ def _quantize(src: Path, dst: Path, mode: str, external: bool = False) -> None:
 
         logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)
         model = onnx.load(str(src))
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
+        if opset < 21:  # the quantizer needs opset 21 (int4); convert properly instead of letting it relabel
+            from onnx import version_converter
+
+            model = version_converter.convert_version(model, 21)
         for ops, axes, block, level in ((("MatMul",), (("MatMul", 0),), INT4_BLOCK, 4),
                                         (("Gather",), (("Gather", 1),), INT4_EMBED_BLOCK, None)):
             q = MatMulNBitsQuantizer(model, bits=4, block_size=block, is_symmetric=False, accuracy_level=level,
