@@ -304,23 +304,6 @@ def _quantize(src: Path, dst: Path, mode: str, external: bool = False) -> None:
         raise ValueError(f"quantize must be one of {QUANTIZE_MODES}, got {mode!r}")
 
 
-DRAFT_VOCAB_FILE = "draft_vocab.npy"
-
-
-def _draft_vocab_of(loc, config):
-    """The reduced draft vocabulary of a drafter directory (config.json ``tandem_draft_vocab`` names an
-    int64 .npy of target ids, as written by ``tandem distill``), or None."""
-    import numpy as np
-
-    name = getattr(config, "tandem_draft_vocab", None)
-    if not name or loc.gguf_file:
-        return None
-    ids = np.load(Path(loc.directory) / name).astype(np.int64)
-    if ids.ndim != 1 or not len(ids) or (np.diff(ids) <= 0).any() or ids[0] < 0 or ids[-1] >= config.vocab_size:
-        raise ValueError(f"{name}: the draft vocabulary must be sorted unique target ids in [0, {config.vocab_size})")
-    return ids
-
-
 def _slice_head(model, ids) -> None:
     """Keeps only the output-head rows of ``ids`` (the input embedding keeps the whole vocabulary)."""
     import torch
@@ -331,12 +314,6 @@ def _slice_head(model, ids) -> None:
         head.weight.copy_(w)
     model.lm_head = head
     model.config.tie_word_embeddings = False
-
-
-def np_save_int64(path: Path, ids) -> None:
-    import numpy as np
-
-    np.save(path, np.asarray(ids, dtype=np.int64))
 
 
 def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool = True,
@@ -354,8 +331,10 @@ def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool
         raise ValueError(f"quantize must be None or one of {QUANTIZE_MODES}, got {quantize!r}")
     if exporter not in ("auto", "dynamo", "torchscript"):
         raise ValueError(f"exporter must be 'auto', 'dynamo' or 'torchscript', got {exporter!r}")
+    import numpy as np
     import torch
 
+    from tandem.distill.student import DRAFT_VOCAB_FILE, load_draft_vocab
     from tandem.models import load_causal_lm
     from tandem.vocab import tokenizer_vocab_hash
 
@@ -367,8 +346,9 @@ def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool
     _check_architecture(config)
     num_layers, kv_heads, head_dim = _dims(config)
     target_vocab = int(model.get_output_embeddings().weight.shape[0])
-    draft_vocab = _draft_vocab_of(loc, config)
-    if draft_vocab is not None and target_vocab == config.vocab_size:
+    # a distilled drafter's reduced draft vocabulary (tandem distill); a .gguf never has one
+    draft_vocab = None if loc.gguf_file else load_draft_vocab(loc.directory, config.vocab_size)
+    if draft_vocab is not None:
         _slice_head(model, draft_vocab)  # the ONNX logits cover exactly the draft vocabulary
         _log(f"draft vocabulary: {len(draft_vocab)} of {target_vocab} tokens ({config.tandem_draft_vocab})")
     vocab_size = int(model.get_output_embeddings().weight.shape[0])
@@ -429,7 +409,7 @@ def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool
                     _log(notes[-1])
 
     if draft_vocab is not None:
-        np_save_int64(out / DRAFT_VOCAB_FILE, draft_vocab)
+        np.save(out / DRAFT_VOCAB_FILE, draft_vocab)
     meta = {
         "format": DRAFTER_FORMAT,
         "model_name": loc.name,

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from tandem.export import QUANTIZE_MODES
+
 
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.description = ("Train a small drafter (same tokenizer) for a target by distillation from the target's "
@@ -97,7 +99,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     e = parser.add_argument_group("export")
     e.add_argument("--export", action="store_true", help="export the trained drafter to ONNX in --out (needs tandem.export)")
-    e.add_argument("--quantize", default=None, choices=["int8", "int4", "fp16"],
+    e.add_argument("--quantize", default=None, choices=list(QUANTIZE_MODES),
                    help="quantisation for --export (int4: block-wise 4-bit weights, see tandem export-drafter)")
     return parser
 

@@ -136,13 +136,22 @@ def save_student(model, tokenizer, draft_vocab: np.ndarray, out_dir: str | os.Pa
 
 
 def load_draft_vocab(model_dir: str | os.PathLike, vocab_size: int | None = None) -> np.ndarray | None:
-    """The draft vocabulary of a saved drafter directory, or None when it uses the full vocabulary."""
+    """The draft vocabulary of a saved drafter directory (config.json ``tandem_draft_vocab`` names an
+    int64 .npy of target ids), or None when it uses the full vocabulary.
+
+    Raises ValueError unless the ids are sorted, unique and in [0, ``vocab_size``) (the config's
+    ``vocab_size`` when not given).
+    """
     d = Path(model_dir)
     cfg = json.loads((d / "config.json").read_text())
     name = cfg.get(CONFIG_KEY)
     if not name:
         return None
-    return np.load(d / name).astype(np.int64)
+    ids = np.load(d / name).astype(np.int64)
+    vocab = int(vocab_size if vocab_size is not None else cfg.get("vocab_size", 0) or 0)
+    if ids.ndim != 1 or not len(ids) or (np.diff(ids) <= 0).any() or ids[0] < 0 or (vocab and ids[-1] >= vocab):
+        raise ValueError(f"{d / name}: the draft vocabulary must be sorted unique target ids in [0, {vocab})")
+    return ids
 
 
 class DraftHead:

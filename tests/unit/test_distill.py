@@ -147,3 +147,21 @@ def test_distill_cli_from_target_layers(tiny_target_dir, tmp_path):
 
         proposal = load(out, threads=1).propose("s", 0, [1, 5, 6], 2)
         assert len(proposal.token_ids) == 2
+
+
+def test_corrupt_draft_vocabulary_is_refused(tmp_path):
+    """A drafter directory whose draft_vocab.npy is unsorted, repeated or out of the vocabulary is refused
+    (by load_draft_vocab, which export_drafter uses) with the file named, instead of exporting a drafter
+    that would propose the wrong token ids."""
+    from tandem.distill.student import CONFIG_KEY, DRAFT_VOCAB_FILE, load_draft_vocab
+
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 64, CONFIG_KEY: DRAFT_VOCAB_FILE}))
+    good = np.array([0, 2, 5, 63], dtype=np.int64)
+    np.save(tmp_path / DRAFT_VOCAB_FILE, good)
+    assert load_draft_vocab(tmp_path).tolist() == good.tolist()
+    for bad in ([2, 0, 5], [0, 2, 2], [0, 5, 64], [-1, 3]):
+        np.save(tmp_path / DRAFT_VOCAB_FILE, np.array(bad, dtype=np.int64))
+        with pytest.raises(ValueError, match="draft_vocab.npy"):
+            load_draft_vocab(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 64}))
+    assert load_draft_vocab(tmp_path) is None      # no reduced vocabulary: the full one
