@@ -57,6 +57,7 @@ def _serve_common(p: argparse.ArgumentParser, port_default: int) -> None:
     flag(p, "port", port_default, int, help="port to listen on (0 picks a free one)")
     flag(p, "port-file", None, help="write the bound port to this file once listening")
     flag(p, "grace", 5.0, float, help="seconds in-flight calls get to finish on SIGTERM/SIGINT")
+    flag(p, "cpus", None, help="pin this service to these CPUs, e.g. '1' or '0-3,6' (Linux; unset: all)")
     _security_flags(p, server=True)
     flag(p, "metrics-port", None, int, help="serve Prometheus metrics on http://HOST:PORT/metrics (unset: off; "
          "0: a free port). Tracing: set OTEL_EXPORTER_OTLP_ENDPOINT (see deploy/TRACING.md)")
@@ -250,6 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     run = _resolve(COMMANDS[args.command][1])
+    if getattr(args, "cpus", None):     # before any thread pool starts: every later thread inherits the set
+        from tandem.affinity import pin_to_cpus
+
+        try:
+            pin_to_cpus(args.cpus)
+        except (ValueError, RuntimeError) as exc:
+            parser.error(f"--cpus: {exc}")
     if hasattr(args, "token"):          # TLS and the token of every server and channel this process opens
         from tandem.security import Security, set_default
 

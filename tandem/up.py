@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tandem.affinity import check_cpus
 from tandem.cli import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_HOST, flag
 
 
@@ -27,6 +28,10 @@ def configure(p):
          "block before a token it is less sure of than this (0 = always k)")
     flag(p, "drafter-threads", 1, int, help="ONNX Runtime threads of the drafter")
     flag(p, "verifier-threads", 0, int, help="torch threads of the verifier (0: torch's default)")
+    flag(p, "verifier-cpus", None, help="pin the verifier and the gateway to these CPUs, e.g. '0' (Linux; "
+         "unset: all)")
+    flag(p, "drafter-cpus", None, help="pin the drafter to these CPUs, e.g. '1': with --verifier-cpus, drafting "
+         "never competes with verification for cores, as on two machines")
     flag(p, "startup-timeout", 900.0, float, help="seconds to wait for all three to be healthy")
     flag(p, "log-dir", None, help="write each service's log here (default: a temporary folder)")
     flag(p, "metrics-port", None, int, help="Prometheus metrics: gateway on this port, verifier on +1, drafter on "
@@ -103,6 +108,15 @@ def wait_healthy(address: str, deadline: float) -> None:
 
 
 def start_cluster(args) -> Cluster:
+    """Starts verifier, drafter and gateway; raises ValueError on bad CPU lists before starting any."""
+    v_cpus = getattr(args, "verifier_cpus", None)
+    d_cpus = getattr(args, "drafter_cpus", None)
+    for name, spec in (("verifier", v_cpus), ("drafter", d_cpus)):
+        if spec:
+            try:
+                check_cpus(spec)
+            except (ValueError, RuntimeError) as exc:
+                raise ValueError(f"--{name}-cpus: {exc}") from None
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="tandem-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(log_dir)
@@ -111,16 +125,17 @@ def start_cluster(args) -> Cluster:
           file=sys.stderr, flush=True)
     base = getattr(args, "metrics_port", None)
     metrics = (lambda n: ["--metrics-port", str(base + n)]) if base else (lambda n: [])
+    pin = (lambda cpus: ["--cpus", str(cpus)] if cpus else [])
     try:
         cluster.spawn("verifier", ["--target", args.target, "--port", "0", "--threads", str(args.verifier_threads),
-                                   *metrics(1)])
+                                   *pin(v_cpus), *metrics(1)])
         cluster.spawn("drafter", ["--drafter", args.drafter, "--port", "0", "--threads", str(args.drafter_threads),
-                                  *metrics(2)])
+                                  *pin(d_cpus), *metrics(2)])
         verifier = cluster.wait_port("verifier", deadline)
         drafter = cluster.wait_port("drafter", deadline)
         cluster.spawn("gateway", ["--verifier", f"{DEFAULT_HOST}:{verifier}", "--drafter", f"{DEFAULT_HOST}:{drafter}",
                                   "--port", str(args.gateway_port), "--draft-length", str(args.draft_length),
-                                  "--draft-confidence", str(args.draft_confidence), *metrics(0)])
+                                  "--draft-confidence", str(args.draft_confidence), *pin(v_cpus), *metrics(0)])
         gateway = cluster.wait_port("gateway", deadline)
     except BaseException:
         cluster.stop()
@@ -130,8 +145,18 @@ def start_cluster(args) -> Cluster:
     return cluster
 
 
+def _start_or_explain(args) -> Cluster | None:
+    try:
+        return start_cluster(args)
+    except ValueError as exc:
+        print(f"tandem: error: {exc}", file=sys.stderr)
+        return None
+
+
 def run(args) -> int:
-    cluster = start_cluster(args)
+    cluster = _start_or_explain(args)
+    if cluster is None:
+        return 2
     print(f'[tandem] try: tandem generate --gateway {DEFAULT_HOST}:{cluster.ports["gateway"]} --chat '
           '"Write a haiku about autumn."   (Ctrl-C stops all three)', file=sys.stderr, flush=True)
     try:
@@ -152,7 +177,9 @@ def run_demo(args) -> int:
 
     from tandem.client import generate_command
 
-    cluster = start_cluster(args)
+    cluster = _start_or_explain(args)
+    if cluster is None:
+        return 2
     try:
         gen = SimpleNamespace(prompt=args.prompt, gateway=f"{DEFAULT_HOST}:{cluster.ports['gateway']}",
                               max_tokens=args.max_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=None,

@@ -47,6 +47,9 @@ def configure(p) -> None:
          "(0: torch's default, one per core; on a shared machine 2 threads on 2 busy cores ran 10-30x slower "
          "than 1)")
     flag(g, "drafter-threads", 1, int, help="ONNX Runtime threads of a started drafter")
+    flag(g, "verifier-cpus", None, help="pin a started verifier and gateway to these CPUs, e.g. '0' (Linux)")
+    flag(g, "drafter-cpus", None, help="pin a started drafter to these CPUs, e.g. '1': with --verifier-cpus, the "
+         "drafter never takes the verifier's cores (two machines, emulated on one)")
     flag(g, "startup-timeout", 900.0, float, help="seconds to wait for started services")
     flag(g, "pids", None, help="live services on this machine: name=PID,... to measure their peak RSS")
     flag(g, "metrics", None, help="live services: name=URL,... of Prometheus endpoints to read peak RSS from")

@@ -219,10 +219,13 @@ def markdown(results: dict) -> str:
                  f"{h.get('torch_threads')} torch threads; {h['setting']}"
                  + (f"; the assistant's logits are masked to the {h['assistant_draft_vocab']}-token draft vocabulary, "
                     "as in the ONNX drafter" if h.get("assistant_draft_vocab") else "") + ".")
-    L.append(f"- Services: {results['services']['mode']}"
-             + (f" by the bench (startup {results['services']['startup_s']:.0f} s, verifier threads "
-                f"{results['services']['verifier_threads']} (0 = torch default), drafter threads "
-                f"{results['services']['drafter_threads']})" if results["services"]["mode"] == "started" else ""))
+    sv = results["services"]
+    pinned = (f"; verifier and gateway pinned to CPUs {sv['verifier_cpus'] or 'all'}, drafter to CPUs "
+              f"{sv['drafter_cpus'] or 'all'}" if sv.get("verifier_cpus") or sv.get("drafter_cpus") else "")
+    L.append(f"- Services: {sv['mode']}"
+             + (f" by the bench (startup {sv['startup_s']:.0f} s, verifier threads {sv['verifier_threads']} "
+                f"(0 = torch default), drafter threads {sv['drafter_threads']}{pinned})"
+                if sv["mode"] == "started" else ""))
     L.append(f"- Workload: {w['questions']} split `{w['split']}` ({w['split_rule']}), first turn, chat template; "
              f"{w['prompts']} prompts in {len(w['categories'])} categories "
              f"({', '.join(f'{c} {n}' for c, n in w['per_category'].items())}).")

@@ -395,7 +395,8 @@ def start_services(args, log_dir: Path):
     ns = SimpleNamespace(target=args.target, drafter=args.drafter, gateway_port=0, draft_length=args.default_k,
                          draft_confidence=0.0,
                          drafter_threads=args.drafter_threads, verifier_threads=args.verifier_threads,
-                         startup_timeout=args.startup_timeout, log_dir=str(log_dir))
+                         verifier_cpus=getattr(args, "verifier_cpus", None),
+                         drafter_cpus=getattr(args, "drafter_cpus", None), startup_timeout=args.startup_timeout, log_dir=str(log_dir))
     return start_cluster(ns)
 
 
@@ -426,7 +427,9 @@ def run_benchmark(args, prompts: list[Prompt], run_order: list[Prompt], settings
                                                      for n in ("gateway", "verifier", "drafter"))
         services = {"mode": "started", "startup_s": time.perf_counter() - t0, "logs": str(log_dir),
                     "gateway": gateway_addr, "verifier": verifier_addr, "drafter": drafter_addr,
-                    "verifier_threads": args.verifier_threads, "drafter_threads": args.drafter_threads}
+                    "verifier_threads": args.verifier_threads, "drafter_threads": args.drafter_threads,
+                    "verifier_cpus": getattr(args, "verifier_cpus", None),
+                    "drafter_cpus": getattr(args, "drafter_cpus", None)}
     results["services"] = services
     gw = None
     try:
