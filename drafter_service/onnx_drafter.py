@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from drafter_service.lookup import prompt_lookup
+from drafter_service.lookup import find_lookup
 from drafter_service.sampling import sample_index, session_rng, truncate_support, warp
 from drafter_service.sessions import SessionStore
 from tandem import telemetry
@@ -142,9 +142,12 @@ class OnnxDrafter:
 
     def __init__(self, model_path, *, threads: int | None = None, providers: list[str] | None = None,
                  support_size: int = 64, session_ttl_s: float = 600.0, max_sessions: int | None = None,
-                 lookup_max_ngram: int = 0, lookup_min_ngram: int = 2):
+                 lookup_max_ngram: int = 0, lookup_min_ngram: int = 2, lookup_trust_ngram: int = 1,
+                 lookup_check_confidence: float = 0.5):
         """``lookup_max_ngram`` > 0 turns on prompt lookup (drafter_service.lookup): draft tokens copied
-        from the context when its last n-gram (n = max .. min) recurs, the model drafting the rest."""
+        from the context when its last n-gram (n = max .. min) recurs, the model drafting the rest.
+        Tokens found by an n-gram shorter than ``lookup_trust_ngram`` are checked against the model: kept
+        while its top token agrees or its top probability is below ``lookup_check_confidence``."""
         import onnxruntime as ort
 
         self.onnx_path, meta_path = _resolve_paths(model_path)
@@ -204,6 +207,10 @@ class OnnxDrafter:
                                self.meta.max_context, self.meta.eos_token_ids)
         self.support_size = int(support_size)
         self.lookup_max_ngram, self.lookup_min_ngram = int(lookup_max_ngram), max(1, int(lookup_min_ngram))
+        self.lookup_trust_ngram = int(lookup_trust_ngram)
+        if not 0.0 <= lookup_check_confidence <= 1.0:
+            raise ValueError(f"lookup_check_confidence must be in [0, 1], got {lookup_check_confidence}")
+        self.lookup_check_confidence = float(lookup_check_confidence)
         self.sessions: SessionStore[_Session] = SessionStore(session_ttl_s, max_sessions=max_sessions)
         log.info("drafter %s: %d layers, vocab %d, providers %s", self.meta.model_name, layers,
                  self.meta.vocab_size, self.providers)
@@ -320,19 +327,30 @@ class OnnxDrafter:
         else:
             past = session.kv
         # Free draft tokens copied from the context first (q = point mass); the model drafts the rest.
-        looked = prompt_lookup(context, k, self.lookup_max_ngram, self.lookup_min_ngram) if self.lookup_max_ngram else []
-        tokens: list[DraftToken] = [DraftToken(t) if sampling.greedy else DraftToken(t, (t,), (1.0,)) for t in looked]
-        if len(tokens) == k:
-            return tokens           # no model run: the KV cache catches up at the next proposal
+        looked, ngram = (find_lookup(context, k, self.lookup_max_ngram, self.lookup_min_ngram)
+                         if self.lookup_max_ngram else ([], 0))
+        checked = bool(looked) and ngram < self.lookup_trust_ngram
+        if len(looked) == k and not checked:
+            return self._lookup_tokens(looked, sampling)   # no model run: the KV catches up next time
         fed = context + looked
         outs = self._run(fed[common:], past)
-        session.kv, session.kv_ids = outs[1:], list(fed)
+        rows = outs[0][0]            # [len(fed) - common, logits_size]; row r predicts position common + r + 1
+        first = len(context) - 1 - common   # the row that predicts the first draft position
+        kept = self._checked_length(looked, rows[first:]) if checked else len(looked)
+        if kept < len(looked):       # a confident disagreement: drop the rest of the lookup, roll the KV back
+            end = len(context) + kept
+            session.kv, session.kv_ids = [np.ascontiguousarray(x[:, :, :end]) for x in outs[1:]], list(fed[:end])
+        else:
+            session.kv, session.kv_ids = outs[1:], list(fed)
+        tokens = self._lookup_tokens(looked[:kept], sampling)
+        if len(tokens) == k:
+            return tokens
+        logits = rows[first + kept]
 
         if not sampling.greedy and (session.rng is None or session.rng_seed != sampling.seed):
             session.rng, session.rng_seed = session_rng(sampling.seed), sampling.seed
         dv = self.meta.draft_vocab
-        logits = outs[0][0, -1]
-        for step in range(len(looked), k):
+        for step in range(len(tokens), k):
             if sampling.greedy:
                 idx = int(np.argmax(logits))
                 # confidence stop: the top probability is 1 / sum(exp(logits - max))
@@ -355,6 +373,25 @@ class OnnxDrafter:
                 session.kv_ids.append(tok.token_id)
                 logits = outs[0][0, -1]
         return tokens
+
+    @staticmethod
+    def _lookup_tokens(ids: list[int], sampling: SamplingParams) -> list[DraftToken]:
+        """Lookup tokens as proposals: q is a point mass on each."""
+        return [DraftToken(t) if sampling.greedy else DraftToken(t, (t,), (1.0,)) for t in ids]
+
+    def _checked_length(self, looked: list[int], rows: np.ndarray) -> int:
+        """How many lookup tokens survive the model check: token j is kept while the model's top token at
+        its position (``rows[j]``, the logits given the context and the kept tokens before it) is the same
+        token, or the model's top probability there is below ``lookup_check_confidence``."""
+        dv = self.meta.draft_vocab
+        for j, tok in enumerate(looked):
+            row = rows[j]
+            top = int(np.argmax(row))
+            model_tok = int(dv[top]) if dv is not None else top
+            confidence = 1.0 / float(np.exp(row - row[top]).sum())
+            if model_tok != tok and confidence >= self.lookup_check_confidence:
+                return j
+        return len(looked)
 
 
 def load(model_path: str | os.PathLike, **kwargs) -> OnnxDrafter:

@@ -86,6 +86,10 @@ def configure_serve_drafter(p):
          "--lookup-min-ngram) recurred earlier, draft the tokens that followed it for free (q = point mass, "
          "exact); the model drafts the rest. 0 turns it off")
     flag(p, "lookup-min-ngram", 1, int, help="shortest n-gram prompt lookup matches")
+    flag(p, "lookup-trust-ngram", 2, int, help="lookup tokens found by a shorter n-gram are checked against the "
+         "model: kept while its top token agrees or it is unsure (below --lookup-check-confidence); 1 = never check")
+    flag(p, "lookup-check-confidence", 0.5, float, help="the model's top probability from which its disagreement "
+         "drops a checked lookup token")
     flag(p, "session-ttl", 600.0, float, help="seconds after which an idle session's KV cache is freed")
     _serve_common(p, 50061)
 
@@ -99,7 +103,8 @@ async def _serve_drafter(args) -> int:
     tracing = telemetry.setup("tandem-drafter")
     drafter = OnnxDrafter(resolve_drafter(args.drafter), threads=args.threads, support_size=args.support_size,
                           session_ttl_s=args.session_ttl, lookup_max_ngram=args.lookup_ngram,
-                          lookup_min_ngram=args.lookup_min_ngram)
+                          lookup_min_ngram=args.lookup_min_ngram, lookup_trust_ngram=args.lookup_trust_ngram,
+                          lookup_check_confidence=args.lookup_check_confidence)
     service = await start_drafter(drafter, args.host, args.port, interceptors=tracing.server_interceptors())
     return await _serve_until_stopped(service, f"drafter ({drafter.info.model_name})", args, tracing)
 

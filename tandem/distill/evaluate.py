@@ -121,11 +121,13 @@ class ServedDrafter:
     proposal of k greedy tokens per round for the whole context so far."""
 
     def __init__(self, onnx_path: str | os.PathLike, threads: int = 1, lookup_max_ngram: int = 4,
-                 lookup_min_ngram: int = 1, min_confidence: float = 0.0):
+                 lookup_min_ngram: int = 1, min_confidence: float = 0.0, lookup_trust_ngram: int = 1,
+                 lookup_check_confidence: float = 0.5):
         from drafter_service.onnx_drafter import OnnxDrafter
 
         self.impl = OnnxDrafter(onnx_path, threads=threads, lookup_max_ngram=lookup_max_ngram,
-                                lookup_min_ngram=lookup_min_ngram)
+                                lookup_min_ngram=lookup_min_ngram, lookup_trust_ngram=lookup_trust_ngram,
+                                lookup_check_confidence=lookup_check_confidence)
         self.n = 0
         self.min_confidence = min_confidence
 
@@ -279,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
                         "prompt lookup --lookup-ngram .. --lookup-min-ngram in front of the model)")
     e.add_argument("--lookup-ngram", type=int, default=4, help="with --served (default: %(default)s)")
     e.add_argument("--lookup-min-ngram", type=int, default=1, help="with --served (default: %(default)s)")
+    e.add_argument("--lookup-trust-ngram", type=int, action="append", default=None,
+                   help="with --served: lookup matches shorter than this are checked against the model (1 = never, "
+                        "the service's default is 2); repeatable, one simulation each (default: 1)")
+    e.add_argument("--lookup-check-confidence", type=float, default=0.5, help="with --served (default: %(default)s)")
     e.add_argument("--min-confidence", type=float, action="append", default=None,
                    help="with --served: the drafter's confidence stop (adaptive draft length); repeatable, one "
                         "simulation each (default: 0 = always k tokens)")
@@ -325,12 +331,16 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.onnx:
         name = f"ONNX {Path(path).parent.name}/{Path(path).name}"
         res["tau"][name] = simulate_tau(OrtDrafter(path, threads=args.threads), refs, k=args.k)
-        for conf in (args.min_confidence or [0.0]) if args.served else []:
+        for conf, trust in ([(c, t) for c in args.min_confidence or [0.0] for t in args.lookup_trust_ngram or [1]]
+                            if args.served else []):
             served = ServedDrafter(path, threads=args.threads, lookup_max_ngram=args.lookup_ngram,
-                                   lookup_min_ngram=args.lookup_min_ngram, min_confidence=conf)
+                                   lookup_min_ngram=args.lookup_min_ngram, min_confidence=conf,
+                                   lookup_trust_ngram=trust, lookup_check_confidence=args.lookup_check_confidence)
             stop = f", confidence stop {conf:g}" if conf else ""
-            res["tau"][f"{name} + prompt lookup {args.lookup_ngram}..{args.lookup_min_ngram}{stop} (as served)"] = \
-                simulate_tau(served, refs, k=args.k)
+            check = (f", matches under {trust} tokens checked at {args.lookup_check_confidence:g}"
+                     if trust > args.lookup_min_ngram else "")
+            res["tau"][f"{name} + prompt lookup {args.lookup_ngram}..{args.lookup_min_ngram}{check}{stop} (as served)"] \
+                = simulate_tau(served, refs, k=args.k)
     if args.onnx and not args.no_cost:
         target, _, _ = load_causal_lm(args.target)
         for path in args.onnx:

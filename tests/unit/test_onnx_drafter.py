@@ -247,3 +247,57 @@ def test_confidence_stop_ends_the_block_before_an_unsure_token(drafter, tiny_dra
     assert len(sampled.tokens) == 1 and sampled.tokens[0].support_ids
     with pytest.raises(ValueError, match="min_confidence"):
         drafter.propose("s", 0, PROMPT, 2, SamplingParams(), min_confidence=1.5)
+
+
+def _contexts_with_recurring_tokens(n, seed=3):
+    """Random contexts over 10 token ids: their last token recurs, so prompt lookup always finds something
+    (mostly 1- and 2-gram matches, the kind the drafter checks)."""
+    rng = np.random.default_rng(seed)
+    return [[1] + rng.integers(3, 13, size=int(rng.integers(6, 14))).tolist() for _ in range(n)]
+
+
+def test_checked_lookup_keeps_only_what_the_model_allows(tiny_drafter_onnx):
+    """Short lookup matches are checked against the model: at confidence 0 every disagreement drops the
+    rest of the lookup, so the greedy block is exactly the model's own; at confidence 1 nothing is ever
+    dropped (the unchecked lookup); a long enough match is trusted and never checked. Sessions that
+    dropped lookup tokens continue exactly like fresh ones (the KV was rolled back)."""
+    def make(**kw):
+        return OnnxDrafter(tiny_drafter_onnx, threads=1, lookup_max_ngram=3, lookup_min_ngram=1, **kw)
+
+    plain = OnnxDrafter(tiny_drafter_onnx, threads=1)                    # the model alone
+    unchecked = make()                                                    # lookup trusted at any length
+    strict = make(lookup_trust_ngram=4, lookup_check_confidence=0.0)     # every disagreement drops
+    lenient = make(lookup_trust_ngram=4, lookup_check_confidence=1.0)    # never confident enough to drop
+    trusting = make(lookup_trust_ngram=1, lookup_check_confidence=0.0)   # nothing is short enough to check
+    differ = 0
+    for i, ctx in enumerate(_contexts_with_recurring_tokens(40)):
+        model = plain.propose(f"p{i}", 0, ctx, 4).token_ids
+        looked = unchecked.propose(f"u{i}", 0, ctx, 4).token_ids
+        differ += looked != model
+        assert strict.propose(f"s{i}", 0, ctx, 4).token_ids == model
+        assert lenient.propose(f"l{i}", 0, ctx, 4).token_ids == looked
+        assert trusting.propose(f"t{i}", 0, ctx, 4).token_ids == looked
+        # the strict session continues from its rolled-back cache exactly like a fresh one
+        nxt = strict.propose(f"s{i}", len(ctx), [model[0], 7], 3).token_ids
+        assert nxt == plain.propose(f"f{i}", 0, ctx + [model[0], 7], 3).token_ids
+    assert differ >= 10, "the contexts must make lookup and model disagree, or the test checks nothing"
+
+
+def test_checked_lookup_reports_the_model_distribution_where_it_drops(tiny_drafter_onnx):
+    """Sampled drafts: kept lookup tokens are point masses; where the check drops the lookup, the model's
+    token comes with q given the context and the kept tokens (what a fresh model-only session reports)."""
+    plain = OnnxDrafter(tiny_drafter_onnx, threads=1, support_size=16)
+    strict = OnnxDrafter(tiny_drafter_onnx, threads=1, support_size=16, lookup_max_ngram=3, lookup_min_ngram=1,
+                         lookup_trust_ngram=4, lookup_check_confidence=0.0)
+    checked_rows = 0
+    for i, ctx in enumerate(_contexts_with_recurring_tokens(30, seed=5)):
+        got = strict.propose(f"s{i}", 0, ctx, 3, SAMPLED).tokens
+        kept = [t.token_id for t in got if t.support_ids == (t.token_id,)]
+        assert all(t.support_probs == (1.0,) for t in got[:len(kept)])
+        if len(kept) < len(got):
+            first_model = got[len(kept)]
+            ref = plain.propose(f"p{i}", 0, ctx + kept, 1, SAMPLED).tokens[0]
+            assert first_model.support_ids == ref.support_ids
+            np.testing.assert_allclose(first_model.support_probs, ref.support_probs, rtol=1e-5)
+            checked_rows += 1
+    assert checked_rows >= 10
