@@ -336,7 +336,8 @@ class OnnxDrafter:
         outs = self._run(fed[common:], past)
         rows = outs[0][0]            # [len(fed) - common, logits_size]; row r predicts position common + r + 1
         first = len(context) - 1 - common   # the row that predicts the first draft position
-        kept = self._checked_length(looked, rows[first:]) if checked else len(looked)
+        per_position = rows.shape[0] == len(fed) - common   # False: a graph that returns the last logits only
+        kept = self._checked_length(looked, rows[first:]) if checked and per_position else len(looked)
         if kept < len(looked):       # a confident disagreement: drop the rest of the lookup, roll the KV back
             end = len(context) + kept
             session.kv, session.kv_ids = [np.ascontiguousarray(x[:, :, :end]) for x in outs[1:]], list(fed[:end])
@@ -345,7 +346,7 @@ class OnnxDrafter:
         tokens = self._lookup_tokens(looked[:kept], sampling)
         if len(tokens) == k:
             return tokens
-        logits = rows[first + kept]
+        logits = rows[first + kept] if kept < len(looked) else rows[-1]
 
         if not sampling.greedy and (session.rng is None or session.rng_seed != sampling.seed):
             session.rng, session.rng_seed = session_rng(sampling.seed), sampling.seed
