@@ -2,13 +2,12 @@
 --verifier-cpus/--drafter-cpus` keeps the drafter off the verifier's cores); bad lists are refused."""
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from procs import ServiceProcess
 
 from tandem.affinity import format_cpus, parse_cpus
 
@@ -35,23 +34,16 @@ def _thread_cpus(pid: int) -> set[str]:
 
 def test_served_drafter_and_all_its_threads_stay_on_the_pinned_cpu(tiny_drafter_onnx, tmp_path):
     cpu = max(os.sched_getaffinity(0))   # a CPU this test may use, and not (only) the default of all
-    port_file = tmp_path / "port"
-    proc = subprocess.Popen([sys.executable, "-m", "tandem.cli", "serve-drafter", "--drafter", str(tiny_drafter_onnx),
-                             "--threads", "2", "--cpus", str(cpu), "--port", "0", "--port-file", str(port_file)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    service = ServiceProcess("drafter", ["--drafter", str(tiny_drafter_onnx), "--threads", "2", "--cpus", str(cpu),
+                                         "--port", "0"], tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while not port_file.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert proc.poll() is None and port_file.exists(), proc.stdout.read() if proc.poll() is not None else "timeout"
+        service.wait_port(60)
         # the ONNX Runtime pool, the gRPC server's threads and the main thread: one CPU for all
-        assert _thread_cpus(proc.pid) == {str(cpu)}
-        assert len(list(Path(f"/proc/{proc.pid}/task").iterdir())) > 1
+        assert _thread_cpus(service.proc.pid) == {str(cpu)}
+        assert len(list(Path(f"/proc/{service.proc.pid}/task").iterdir())) > 1
     finally:
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0, out
+        service.close()
+    assert service.proc.returncode == 0, service.tail()
 
 
 def test_unavailable_cpu_is_refused_with_a_message(tiny_drafter_onnx):
