@@ -86,8 +86,9 @@ def configure_serve_drafter(p):
          "--lookup-min-ngram) recurred earlier, draft the tokens that followed it for free (q = point mass, "
          "exact); the model drafts the rest. 0 turns it off")
     flag(p, "lookup-min-ngram", 1, int, help="shortest n-gram prompt lookup matches")
-    flag(p, "lookup-trust-ngram", 2, int, help="lookup tokens found by a shorter n-gram are checked against the "
-         "model: kept while its top token agrees or it is unsure (below --lookup-check-confidence); 1 = never check")
+    flag(p, "lookup-trust-ngram", 1, int, help="lookup tokens found by a shorter n-gram are checked against the "
+         "model: kept while its top token agrees or it is unsure (below --lookup-check-confidence); 1 = never check "
+         "(2 raises acceptance ~1.5 %% but costs a drafter run a round: not faster on the 2-core CPU, BENCHMARKS.md)")
     flag(p, "lookup-check-confidence", 0.5, float, help="the model's top probability from which its disagreement "
          "drops a checked lookup token")
     flag(p, "session-ttl", 600.0, float, help="seconds after which an idle session's KV cache is freed")

@@ -121,7 +121,7 @@ class ServedDrafter:
     proposal of k greedy tokens per round for the whole context so far."""
 
     def __init__(self, onnx_path: str | os.PathLike, threads: int = 1, lookup_max_ngram: int = 4,
-                 lookup_min_ngram: int = 1, min_confidence: float = 0.0, lookup_trust_ngram: int = 2,
+                 lookup_min_ngram: int = 1, min_confidence: float = 0.0, lookup_trust_ngram: int = 1,
                  lookup_check_confidence: float = 0.5):
         from drafter_service.onnx_drafter import OnnxDrafter
 
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--lookup-min-ngram", type=int, default=1, help="with --served (default: %(default)s)")
     e.add_argument("--lookup-trust-ngram", type=int, action="append", default=None,
                    help="with --served: lookup matches shorter than this are checked against the model (1 = never); "
-                        "repeatable, one simulation each (default: 2, as the drafter service)")
+                        "repeatable, one simulation each (default: 1, as the drafter service)")
     e.add_argument("--lookup-check-confidence", type=float, default=0.5, help="with --served (default: %(default)s)")
     e.add_argument("--min-confidence", type=float, action="append", default=None,
                    help="with --served: the drafter's confidence stop (adaptive draft length); repeatable, one "
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.onnx:
         name = f"ONNX {Path(path).parent.name}/{Path(path).name}"
         res["tau"][name] = simulate_tau(OrtDrafter(path, threads=args.threads), refs, k=args.k)
-        for conf, trust in ([(c, t) for c in args.min_confidence or [0.0] for t in args.lookup_trust_ngram or [2]]
+        for conf, trust in ([(c, t) for c in args.min_confidence or [0.0] for t in args.lookup_trust_ngram or [1]]
                             if args.served else []):
             served = ServedDrafter(path, threads=args.threads, lookup_max_ngram=args.lookup_ngram,
                                    lookup_min_ngram=args.lookup_min_ngram, min_confidence=conf,
