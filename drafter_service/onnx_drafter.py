@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from drafter_service.lookup import find_lookup
-from drafter_service.sampling import sample_index, session_rng, truncate_support, warp
+from drafter_service.sampling import sample_index, session_rng, top_probability, truncate_support, warp
 from drafter_service.sessions import SessionStore
 from tandem import telemetry
 from tandem.types import DraftToken, ModelInfo, Proposal, SamplingParams
@@ -354,10 +354,9 @@ class OnnxDrafter:
         for step in range(len(tokens), k):
             if sampling.greedy:
                 idx = int(np.argmax(logits))
-                # confidence stop: the top probability is 1 / sum(exp(logits - max))
-                if min_confidence and step and 1.0 / np.exp(logits - logits[idx]).sum() < min_confidence:
+                if min_confidence and step and top_probability(logits, idx) < min_confidence:   # confidence stop
                     break
-                tok = DraftToken(int(dv[idx]) if dv is not None else idx)
+                tok = DraftToken(self._target_id(idx))
             else:
                 warped = warp(logits, sampling)
                 if min_confidence and step and float(warped.max()) < min_confidence:
@@ -384,15 +383,16 @@ class OnnxDrafter:
         """How many lookup tokens survive the model check: token j is kept while the model's top token at
         its position (``rows[j]``, the logits given the context and the kept tokens before it) is the same
         token, or the model's top probability there is below ``lookup_check_confidence``."""
-        dv = self.meta.draft_vocab
         for j, tok in enumerate(looked):
-            row = rows[j]
-            top = int(np.argmax(row))
-            model_tok = int(dv[top]) if dv is not None else top
-            confidence = 1.0 / float(np.exp(row - row[top]).sum())
-            if model_tok != tok and confidence >= self.lookup_check_confidence:
+            top = int(np.argmax(rows[j]))
+            if self._target_id(top) != tok and top_probability(rows[j], top) >= self.lookup_check_confidence:
                 return j
         return len(looked)
+
+    def _target_id(self, idx: int) -> int:
+        """The target token id of drafter logit index ``idx`` (through the draft vocabulary, if any)."""
+        dv = self.meta.draft_vocab
+        return int(dv[idx]) if dv is not None else idx
 
 
 def load(model_path: str | os.PathLike, **kwargs) -> OnnxDrafter:

@@ -36,6 +36,11 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
+def top_probability(logits: np.ndarray, top: int) -> float:
+    """softmax(logits)[top] for the argmax ``top``: 1 / sum(exp(logits - logits[top]))."""
+    return 1.0 / float(np.exp(logits - logits[top]).sum())
+
+
 def _top_p_keep(probs: np.ndarray, top_p: float) -> np.ndarray:
     """Indices of the smallest most-likely set whose mass reaches top_p (at least one)."""
     n = probs.shape[0]
