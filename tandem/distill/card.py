@@ -65,8 +65,10 @@ def write_card(out_dir: str | os.PathLike, info: dict, eval_info: dict | None = 
     for m in info.get("data", []):
         q = m.get("question_ids")
         qtxt = f", Spec-Bench question ids {q[0]}..{q[-1]} (all multiples of 4: the training split)" if q else ""
+        src = m.get("from")
+        stxt = (" (by source: " + ", ".join(f"{k} {v}" for k, v in src.items()) + ")") if isinstance(src, dict) else ""
         lines.append(f"- `{m.get('source')}` ({m.get('kind')}): {m.get('records')} records, "
-                     f"{m.get('answer_tokens', m.get('tokens'))} answer tokens{qtxt}.")
+                     f"{m.get('answer_tokens', m.get('tokens'))} answer tokens{qtxt}{stxt}.")
     lines += [
         f"- Split: {info.get('split')}. No held-out Spec-Bench question (question_id % 4 != 0) was used in "
         "training; the acceptance numbers below are on those.",

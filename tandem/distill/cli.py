@@ -10,6 +10,10 @@ Pipeline (every stage is resumable: its outputs live in the work directory and a
   4. training (AdamW, cosine, seeds, checkpoints; ``--resume``), progress bar with loss and held-out
      greedy agreement; the HF drafter directory goes to ``--out`` with a model card (README.md).
   5. ``--export``: ONNX drafter (model.onnx + drafter.json) via ``tandem.export.export_drafter``.
+
+More prompts and the target's greedy answers to them come from ``tandem.distill.prompts`` and
+``tandem.distill.answers`` (teacher files in one pass); ``--teacher-shards`` (repeatable) trains on them,
+``--init-from`` continues an earlier run's weights with a fresh optimizer.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.description = ("Train a small drafter (same tokenizer) for a target by distillation from the target's "
                           "own outputs, write it as a Hugging Face directory with a model card, and optionally "
                           "export it to ONNX for the drafter service.")
+    parser.epilog = ("More data for a target: `python -m tandem.distill.prompts --out P.jsonl` builds varied "
+                     "training prompts offline (written by the target, from package docs and the standard "
+                     "library), `python -m tandem.distill.answers --prompts P.jsonl --out-dir D` has the target "
+                     "answer them greedily and keeps its top-k on the way; then train with --teacher-shards "
+                     "'D/answers_*.pt' (repeatable) and, to continue an earlier drafter, --init-from.")
     parser.add_argument("--target", default="default",
                         help="target model: 'default' (SmolLM2-135M-Instruct), a .gguf file or a Hugging Face "
                              "model directory (default: %(default)s)")
@@ -54,9 +63,10 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "'prompt_ids'; default: first turns of the training split of Spec-Bench")
     g.add_argument("--offline-text", type=int, default=0, metavar="TOKENS",
                    help="add this many tokens of Python standard-library source as plain text (default: 0)")
-    g.add_argument("--teacher-shards", default=None, metavar="GLOB",
-                   help="train on these existing teacher-pass files (from an earlier run's work directory) "
-                        "instead of collecting data and running the teacher pass")
+    g.add_argument("--teacher-shards", action="append", default=None, metavar="GLOB",
+                   help="train on these existing teacher-pass files (from an earlier run's work directory, or "
+                        "answers_NNN.pt from python -m tandem.distill.answers) instead of collecting data and "
+                        "running the teacher pass; repeatable")
     g.add_argument("--topk", type=int, default=8, help="target top-k kept per position for the KL term (default: 8)")
     m = parser.add_argument_group("student")
     m.add_argument("--hidden", type=int, default=384, help="hidden size (default: %(default)s)")
@@ -96,12 +106,20 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="stop this run after MINUTES of training, with the cosine decay ending then "
                         "(whichever of --steps and the budget comes first; 0 = off)")
     t.add_argument("--resume", action="store_true", help="continue from the checkpoint in the work directory")
+    t.add_argument("--init-from", default=None, metavar="CKPT",
+                   help="start from the weights of an earlier run (its ckpt.pt or best.pt; the student options "
+                        "must match it, the draft vocabulary is taken from its directory) with a fresh optimizer "
+                        "and schedule: fine-tune a drafter on new data")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     e = parser.add_argument_group("export")
     e.add_argument("--export", action="store_true", help="export the trained drafter to ONNX in --out (needs tandem.export)")
     e.add_argument("--quantize", default=None, choices=list(QUANTIZE_MODES),
                    help="quantisation for --export (int4: block-wise 4-bit weights, see tandem export-drafter)")
     return parser
+
+
+def trainer_checkpoint_exists(work: Path) -> bool:
+    return (work / "ckpt.pt").exists()
 
 
 def _target_name(spec: str) -> str:
@@ -198,10 +216,12 @@ def run(args) -> int:
     if args.teacher_shards:
         import glob
 
-        shard_paths = [Path(p) for p in sorted(glob.glob(args.teacher_shards))]
-        if not shard_paths:
-            log(f"no files match --teacher-shards {args.teacher_shards}")
-            return 2
+        for pattern in args.teacher_shards:
+            found = [Path(p) for p in sorted(glob.glob(pattern))]
+            if not found:
+                log(f"no files match --teacher-shards {pattern}")
+                return 2
+            shard_paths += found
         records, manifest = [], data.shard_manifest(shard_paths)
         bad = [m["source"] for m in manifest if not m["all_training_split"]]
         if bad:
@@ -254,7 +274,15 @@ def run(args) -> int:
     vocab = target.config.vocab_size
     draft_vocab = student.choose_draft_vocab(counts, args.draft_vocab, vocab, student.special_ids(tokenizer))
     ckpt_dv = work / "draft_vocab.npy"
-    if args.resume and ckpt_dv.exists():
+    if args.init_from and not (args.resume and trainer_checkpoint_exists(work)):
+        init_dv = Path(args.init_from).parent / "draft_vocab.npy"
+        if not init_dv.exists():
+            log(f"--init-from {args.init_from}: no draft_vocab.npy beside it")
+            return 2
+        draft_vocab = np.load(init_dv).astype(np.int64)
+        np.save(ckpt_dv, draft_vocab)
+        log(f"init: draft vocabulary from {init_dv}")
+    elif args.resume and ckpt_dv.exists():
         draft_vocab = np.load(ckpt_dv).astype(np.int64)  # the vocabulary the checkpoint was trained with
         log(f"resume: draft vocabulary from {ckpt_dv}")
     else:
@@ -288,6 +316,13 @@ def run(args) -> int:
     if args.resume and trainer.load_checkpoint():
         trainer.best = (-1.0, 0)  # the held-out set may differ from the previous run's: track anew
         log(f"resumed at step {trainer.step}")
+    elif args.init_from:
+        try:
+            trainer.load_weights(args.init_from)
+        except (RuntimeError, KeyError, FileNotFoundError) as e:
+            log(f"--init-from {args.init_from}: cannot load its weights into this student ({e})")
+            return 2
+        log(f"init: weights from {args.init_from}; fresh optimizer and schedule")
     elif trainer.ckpt_path.exists() and not args.resume:
         log(f"a checkpoint exists in {work}: starting over (use --resume to continue it)")
     result = trainer.fit()

@@ -287,6 +287,14 @@ def split_records(records: list[Record], heldout_fraction: float = 0.05, seed: i
     return tr, va
 
 
+def _source_counts(recs: list[dict]) -> dict[str, int]:
+    """Records per source kind (the part of ``source`` before ':', e.g. 'package', 'stdlib', 'spec_bench')."""
+    counts: dict[str, int] = defaultdict(int)
+    for r in recs:
+        counts[str(r.get("source")).split(":")[0]] += 1
+    return dict(sorted(counts.items()))
+
+
 def shard_manifest(paths: list[str | os.PathLike]) -> list[dict]:
     """What teacher-pass files hold: per file, records, tokens, sources and Spec-Bench question ids."""
     import torch
@@ -298,7 +306,7 @@ def shard_manifest(paths: list[str | os.PathLike]) -> list[dict]:
         out.append({"source": str(p), "kind": "teacher-pass file",
                     "records": len(recs), "answer_tokens": int(sum(len(r["tokens"]) - r["start"] for r in recs)),
                     "prompt_tokens": int(sum(r["start"] for r in recs)),
-                    "from": sorted({str(r.get("source")) for r in recs}),
+                    "from": _source_counts(recs),
                     "question_ids": qids,
                     "all_training_split": all(is_training_question(q) for q in qids)})
     return out

@@ -182,6 +182,13 @@ class Trainer:
         np.random.set_state(st["np_rng"])
         return True
 
+    def load_weights(self, path: str | os.PathLike) -> None:
+        """Model and head weights of another run's checkpoint (ckpt.pt or best.pt); nothing else."""
+        st = self.torch.load(path, weights_only=False)
+        self.model.load_state_dict(st["model"])
+        with self.torch.no_grad():
+            self.head.copy_(st["head"])
+
     def save_best(self) -> None:
         tmp = self.work / "best.tmp"
         self.torch.save({"model": self.model.state_dict(), "head": self.head.detach().clone(), "best": self.best}, tmp)

@@ -165,3 +165,48 @@ def test_corrupt_draft_vocabulary_is_refused(tmp_path):
             load_draft_vocab(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 64}))
     assert load_draft_vocab(tmp_path) is None      # no reduced vocabulary: the full one
+
+
+def test_fine_tune_from_an_earlier_run_on_new_answer_files(tiny_target_dir, tmp_path):
+    """--init-from starts from an earlier run's weights and draft vocabulary (fresh optimizer); the
+    data is the earlier teacher files plus answer files from tandem.distill.answers (--teacher-shards
+    repeated); a student that does not match the checkpoint is refused with exit status 2."""
+    import argparse
+
+    import torch
+
+    from tandem.distill import answers, cli
+    from tandem.models import load_causal_lm
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_ids": [1, 4 + i, 9, 17, 30 + i]}) + "\n" for i in range(4)))
+    small = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--intermediate", "32",
+             "--draft-vocab", "40", "--no-progress", "--final", "last"]
+    parser = cli.configure(argparse.ArgumentParser())
+    first = ["--target", str(tiny_target_dir), "--out", str(tmp_path / "d1"), "--work-dir", str(tmp_path / "w1"),
+             "--generate", "8", "--gen-tokens", "16", "--prompts", str(prompts), "--steps", "4"] + small
+    assert cli.run(parser.parse_args(first)) == 0
+
+    model, _, _ = load_causal_lm(str(tiny_target_dir))
+    rng = np.random.default_rng(3)
+    new = [{"prompt_ids": [1] + rng.integers(3, 64, size=6).tolist(), "source": f"new:{i}"} for i in range(5)]
+    answers.answer_prompts(model, new, tmp_path / "ans", max_new_tokens=10, topk=8, progress=False)
+
+    second = ["--target", str(tiny_target_dir), "--out", str(tmp_path / "d2"), "--work-dir", str(tmp_path / "w2"),
+              "--teacher-shards", str(tmp_path / "w1" / "teacher" / "*.pt"),
+              "--teacher-shards", str(tmp_path / "ans" / "answers_*.pt"),
+              "--init-from", str(tmp_path / "w1" / "ckpt.pt"), "--steps", "1", "--warmup", "1", "--lr", "1e-12"]
+    assert cli.run(parser.parse_args(second + small)) == 0
+    info = json.loads((tmp_path / "d2" / "distill_info.json").read_text())
+    assert {m["source"] for m in info["data"]} >= {str(tmp_path / "ans" / "answers_000.pt")}
+    assert (np.load(tmp_path / "d2" / "draft_vocab.npy") == np.load(tmp_path / "d1" / "draft_vocab.npy")).all()
+    from safetensors.torch import load_file
+
+    w1, w2 = load_file(tmp_path / "d1" / "model.safetensors"), load_file(tmp_path / "d2" / "model.safetensors")
+    assert w1.keys() == w2.keys()
+    assert all(torch.allclose(w1[k], w2[k], atol=1e-6) for k in w1)  # lr 1e-12: the earlier run's weights
+
+    wrong = second[:]
+    wrong[wrong.index(str(tmp_path / "w2"))] = str(tmp_path / "w3")
+    small_wrong = [a if a != "16" else "24" for a in small]  # hidden 24: not the checkpoint's student
+    assert cli.run(parser.parse_args(wrong + small_wrong)) == 2
