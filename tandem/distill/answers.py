@@ -15,6 +15,7 @@ atomically one shard at a time, so an interrupted run resumes at the first missi
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -130,7 +131,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     p = argparse.ArgumentParser(prog="python -m tandem.distill.answers", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prompts", required=True, help="JSONL: 'text' (chat-templated here) or 'prompt_ids', "
+    p.add_argument("--prompts", required=True, help="JSONL (or .jsonl.gz): 'text' (chat-templated here) or 'prompt_ids', "
                    "optional 'category', 'source' (e.g. from python -m tandem.distill.prompts)")
     p.add_argument("--out-dir", required=True, help="where the answers_NNN.pt teacher files go")
     p.add_argument("--target", default="default", help="target model (default: default)")
@@ -154,7 +155,8 @@ def main(argv=None) -> int:
     model, tok, _ = load_causal_lm(args.target)
     model.eval()
     prompts, skipped = [], 0
-    for line in open(args.prompts):
+    opener = gzip.open if args.prompts.endswith(".gz") else open
+    for line in opener(args.prompts, "rt", encoding="utf-8"):
         if not line.strip():
             continue
         row = json.loads(line)
