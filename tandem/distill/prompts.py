@@ -219,7 +219,7 @@ def offline_prompts(rng: random.Random, n_doc: int, n_code: int) -> list[dict]:
     rng.shuffle(docs)
     out = []
     cats = list(DOC_TEMPLATES)
-    for i in range(n_doc):
+    for i in range(n_doc if docs else 0):
         d = docs[i % len(docs)]
         cat = cats[i % len(cats)]
         tpl = rng.choice(DOC_TEMPLATES[cat])
