@@ -118,10 +118,6 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def trainer_checkpoint_exists(work: Path) -> bool:
-    return (work / "ckpt.pt").exists()
-
-
 def _target_name(spec: str) -> str:
     return "SmolLM2-135M-Instruct" if spec == "default" else Path(spec).name
 
@@ -274,7 +270,7 @@ def run(args) -> int:
     vocab = target.config.vocab_size
     draft_vocab = student.choose_draft_vocab(counts, args.draft_vocab, vocab, student.special_ids(tokenizer))
     ckpt_dv = work / "draft_vocab.npy"
-    if args.init_from and not (args.resume and trainer_checkpoint_exists(work)):
+    if args.init_from and not (args.resume and (work / train.CHECKPOINT_FILE).exists()):
         init_dv = Path(args.init_from).parent / "draft_vocab.npy"
         if not init_dv.exists():
             log(f"--init-from {args.init_from}: no draft_vocab.npy beside it")

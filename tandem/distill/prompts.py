@@ -213,9 +213,14 @@ def _sentences(docs: list[dict]) -> list[tuple[str, str]]:
 # Building the prompt set
 # ----------------------------------------------------------------------------------------------
 
-def offline_prompts(rng: random.Random, n_doc: int, n_code: int) -> list[dict]:
-    """Document and code prompts (no model needed)."""
-    docs = package_documents() + stdlib_documents() + python_docs()
+def all_documents() -> list[dict]:
+    """Every prose document this machine offers: package descriptions, stdlib docstrings, Python's docs."""
+    return package_documents() + stdlib_documents() + python_docs()
+
+
+def offline_prompts(rng: random.Random, n_doc: int, n_code: int, docs: list[dict] | None = None) -> list[dict]:
+    """Document and code prompts (no model needed); ``docs`` defaults to ``all_documents()``."""
+    docs = list(all_documents() if docs is None else docs)
     rng.shuffle(docs)
     out = []
     cats = list(DOC_TEMPLATES)
@@ -237,7 +242,7 @@ def offline_prompts(rng: random.Random, n_doc: int, n_code: int) -> list[dict]:
 
 
 def instruction_requests(rng: random.Random, seeds: list[dict], per_seed: int, per_kind: int,
-                         n_german: int) -> list[dict]:
+                         n_german: int, docs: list[dict] | None = None) -> list[dict]:
     """Requests whose answers become prompts: new questions in the style of each training-split seed
     and of each category, and German translations of English sentences."""
     reqs = []
@@ -253,7 +258,7 @@ def instruction_requests(rng: random.Random, seeds: list[dict], per_seed: int, p
             topic = rng.choice(TOPICS)
             reqs.append({"text": TOPIC_INSTRUCT.format(kind=kind, topic=topic, noun=noun), "category": cat,
                          "source": f"topic:{topic}#{s}", "kind": "question"})
-    sents = _sentences(package_documents() + stdlib_documents() + python_docs())
+    sents = _sentences(all_documents() if docs is None else docs)
     rng.shuffle(sents)
     for text, src in sents[:n_german]:
         reqs.append({"text": TRANSLATE_TO_GERMAN.format(text=text), "category": "translation", "source": src,
@@ -293,9 +298,11 @@ def main(argv=None) -> int:
     from . import data
 
     rng = random.Random(args.seed)
-    rows = offline_prompts(rng, args.docs, args.code)
+    docs = all_documents()
+    rows = offline_prompts(rng, args.docs, args.code, docs)
     print(f"[prompts] {len(rows)} document and code prompts", file=sys.stderr)
-    reqs = instruction_requests(rng, data.spec_bench_questions("train"), args.per_seed, args.per_kind, args.german)
+    reqs = instruction_requests(rng, data.spec_bench_questions("train"), args.per_seed, args.per_kind, args.german,
+                                docs)
     if reqs:
         import torch
 

@@ -29,6 +29,9 @@ from pathlib import Path
 import numpy as np
 
 
+CHECKPOINT_FILE = "ckpt.pt"  # in the work directory: what --resume continues
+
+
 @dataclass
 class TrainConfig:
     steps: int = 2000
@@ -146,7 +149,7 @@ class Trainer:
     # ---------------------------------------------------------------- checkpoints
     @property
     def ckpt_path(self) -> Path:
-        return self.work / "ckpt.pt"
+        return self.work / CHECKPOINT_FILE
 
     def save_checkpoint(self) -> None:
         torch = self.torch
@@ -164,9 +167,7 @@ class Trainer:
         if not self.ckpt_path.exists():
             return False
         st = torch.load(self.ckpt_path, weights_only=False)
-        self.model.load_state_dict(st["model"])
-        with torch.no_grad():
-            self.head.copy_(st["head"])
+        self._set_weights(st)
         self.opt.load_state_dict(st["opt"])
         self.sched.load_state_dict(st["sched"])
         # the peak learning rate of *this* run's config applies from here on (it may differ on resume)
@@ -182,12 +183,15 @@ class Trainer:
         np.random.set_state(st["np_rng"])
         return True
 
-    def load_weights(self, path: str | os.PathLike) -> None:
-        """Model and head weights of another run's checkpoint (ckpt.pt or best.pt); nothing else."""
-        st = self.torch.load(path, weights_only=False)
+    def _set_weights(self, st: dict) -> None:
+        """The model and draft-head weights of a saved state (ckpt.pt or best.pt)."""
         self.model.load_state_dict(st["model"])
         with self.torch.no_grad():
             self.head.copy_(st["head"])
+
+    def load_weights(self, path: str | os.PathLike) -> None:
+        """Model and head weights of another run's checkpoint (ckpt.pt or best.pt); nothing else."""
+        self._set_weights(self.torch.load(path, weights_only=False))
 
     def save_best(self) -> None:
         tmp = self.work / "best.tmp"
@@ -200,9 +204,7 @@ class Trainer:
         if not path.exists():
             return None
         st = self.torch.load(path, weights_only=False)
-        self.model.load_state_dict(st["model"])
-        with self.torch.no_grad():
-            self.head.copy_(st["head"])
+        self._set_weights(st)
         self.write_back_head()
         return st["best"]
 
