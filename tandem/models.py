@@ -65,12 +65,32 @@ def load_tokenizer(spec: str | os.PathLike | None):
     return AutoTokenizer.from_pretrained(loc.directory, gguf_file=loc.gguf_file)
 
 
+def resolve_device(device: str | None = "auto") -> str:
+    """'auto' (or None/''): 'cuda' when torch sees a GPU, else 'cpu'; any other name is checked and returned
+    ('cuda' without a GPU is an error that says so, not a crash deep inside torch)."""
+    import torch
+
+    name = (device or "auto").strip().lower()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: torch {torch.__version__} sees no CUDA GPU here (a CPU build, or no "
+                         "driver); use --device cpu, or install a CUDA build of torch (README, 'GPU verifier')")
+    try:
+        torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"device {device!r} is not a torch device name (cpu, cuda, cuda:1, ...)") from e
+    return name
+
+
 def load_causal_lm(spec: str | os.PathLike | None, dtype: str = "float32", device: str = "cpu"):
-    """Loads (model, tokenizer, location) in eval mode. Progress goes to stderr."""
+    """Loads (model, tokenizer, location) in eval mode on ``device`` ('auto': a GPU when there is one).
+    Progress goes to stderr."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    device = resolve_device(device)
     loc = resolve(spec)
     t0 = time.perf_counter()
     print(f"[tandem] loading {loc.name} from {loc.directory / (loc.gguf_file or '')} ...", file=sys.stderr, flush=True)
@@ -78,5 +98,5 @@ def load_causal_lm(spec: str | os.PathLike | None, dtype: str = "float32", devic
     model = AutoModelForCausalLM.from_pretrained(loc.directory, gguf_file=loc.gguf_file,
                                                  dtype=getattr(torch, dtype))
     model.to(device).eval()
-    print(f"[tandem] loaded {loc.name} in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
+    print(f"[tandem] loaded {loc.name} in {time.perf_counter() - t0:.1f}s ({device})", file=sys.stderr, flush=True)
     return model, tokenizer, loc

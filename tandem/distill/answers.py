@@ -28,18 +28,23 @@ import numpy as np
 def _answer_batch(model, prompts: list[list[int]], max_new_tokens: int, topk: int, eos: set[int],
                   pad_id: int) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
     """Greedy answers to a batch of prompts (left padded); per prompt (answer, top_ids, top_logp) with
-    one teacher row per position of prompt + answer except the last."""
+    one teacher row per position of prompt + answer except the last. Runs where the model's weights are
+    (CPU or GPU); the host sees one copy of the chosen tokens a step."""
     import torch
 
+    from .data import model_device
+
+    device = model_device(model)
     B, W = len(prompts), max(len(p) for p in prompts)
     input_ids = torch.full((B, W), pad_id, dtype=torch.long)
     mask = torch.zeros((B, W), dtype=torch.long)
     for r, p in enumerate(prompts):
         input_ids[r, W - len(p):] = torch.tensor(p)
         mask[r, W - len(p):] = 1
+    input_ids, mask = input_ids.to(device), mask.to(device)
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    rows_ids: list[list[torch.Tensor]] = [[] for _ in range(B)]
-    rows_lp: list[list[torch.Tensor]] = [[] for _ in range(B)]
+    prompt_rows: list[tuple[torch.Tensor, torch.Tensor]] = []  # per prompt: top ids, top log-probs [P, K]
+    step_rows: list[tuple[torch.Tensor, torch.Tensor]] = []    # per decoding step: [B, K] each
     answers: list[list[int]] = [[] for _ in range(B)]
     with torch.no_grad():
         out = model.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True)
@@ -48,36 +53,37 @@ def _answer_batch(model, prompts: list[list[int]], max_new_tokens: int, topk: in
         for r, p in enumerate(prompts):
             lp = torch.log_softmax(model.lm_head(hidden[r, W - len(p):]).float(), -1)  # [P, V]
             v, i = lp.topk(topk, -1)  # [P, K]
-            rows_ids[r].append(i)
-            rows_lp[r].append(v)
+            prompt_rows.append((i, v))
             last.append(lp[-1])
         logits = torch.stack(last)  # [B, V] (log-probs: same argmax)
-        done = torch.zeros(B, dtype=torch.bool)
+        done = [False] * B
         next_pos = position_ids[:, -1:] + 1
         for step in range(max_new_tokens):
             tok = logits.argmax(-1)  # [B]
-            for r in range(B):
+            for r, t in enumerate(tok.tolist()):
                 if not done[r]:
-                    answers[r].append(int(tok[r]))
-                    done[r] = int(tok[r]) in eos
-            if bool(done.all()) or step == max_new_tokens - 1:
+                    answers[r].append(t)
+                    done[r] = t in eos
+            if all(done) or step == max_new_tokens - 1:
                 break
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype)], dim=1)
+            mask = torch.cat([mask, mask.new_ones((B, 1))], dim=1)
             res = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=past,
                         use_cache=True)
             past, next_pos = res.past_key_values, next_pos + 1
             logits = torch.log_softmax(res.logits[:, -1, :].float(), -1)  # [B, V]
-            v, i = logits.topk(topk, -1)  # [B, K]
-            for r in range(B):
-                if not done[r]:
-                    rows_ids[r].append(i[r:r + 1])
-                    rows_lp[r].append(v[r:r + 1])
+            v, i = logits.topk(topk, -1)  # [B, K]: row r predicts answers[r][step + 1]
+            step_rows.append((i, v))
+    # [S, B, K] on the host once; a prompt keeps the steps before its answer ended
+    s_ids = torch.stack([i for i, _ in step_rows]).cpu() if step_rows else None
+    s_lp = torch.stack([v for _, v in step_rows]).cpu() if step_rows else None
     out_rows = []
     for r, p in enumerate(prompts):
-        n = len(p) + len(answers[r]) - 1
-        ids = torch.cat(rows_ids[r])[:n].numpy().astype(np.int32)
-        lps = torch.cat(rows_lp[r])[:n].numpy().astype(np.float16)
-        out_rows.append((answers[r], ids, lps))
+        n_steps = len(answers[r]) - 1
+        ids, lps = prompt_rows[r][0].cpu(), prompt_rows[r][1].cpu()
+        if n_steps > 0:
+            ids = torch.cat([ids, s_ids[:n_steps, r]])
+            lps = torch.cat([lps, s_lp[:n_steps, r]])
+        out_rows.append((answers[r], ids.numpy().astype(np.int32), lps.numpy().astype(np.float16)))
     return out_rows
 
 
@@ -142,7 +148,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch-tokens", type=int, default=32768,
                    help="padded tokens (prompt + answer) per batch: long prompts get smaller batches (default: 32768)")
     p.add_argument("--max-batch", type=int, default=96, help="prompts per batch at most (default: 96)")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--device", default="auto", help="where the target runs: auto (a CUDA GPU when torch sees one, "
+                   "else the CPU), cpu, cuda, cuda:1 ... (default: auto)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch CPU threads (default: all cores)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
 
@@ -152,7 +160,11 @@ def main(argv=None) -> int:
     from .data import chat_prompt_ids, is_training_question
 
     torch.set_num_threads(args.threads)
-    model, tok, _ = load_causal_lm(args.target)
+    try:
+        model, tok, _ = load_causal_lm(args.target, device=args.device)
+    except ValueError as e:
+        print(f"[answers] {e}", file=sys.stderr)
+        return 2
     model.eval()
     prompts, skipped = [], 0
     opener = gzip.open if args.prompts.endswith(".gz") else open

@@ -81,7 +81,8 @@ def write_card(out_dir: str | os.PathLike, info: dict, eval_info: dict | None = 
         f"- {tr.get('step')} steps (a step = answers to one prompt, the prompt encoded once for them), "
         f"{tr.get('tokens_seen', 0) / 1e6:.2f} M tokens processed, {_fmt_s(tr.get('train_seconds', 0))} of "
         f"training compute; whole command {_fmt_s(info.get('wall_seconds', 0))} wall time "
-        f"(CPU, {info.get('train_config', {}).get('threads', 1)} torch thread(s)).",
+        + (f"({info['device']})." if str(info.get("device", "cpu")).startswith("cuda") else
+           f"(CPU, {info.get('train_config', {}).get('threads', 1)} torch thread(s))."),
         f"- Config: `{json.dumps(info.get('train_config', {}))}`",
         f"- Held-out greedy next-token agreement with the target (answer positions of held-out prompt groups of "
         f"the training data): {info.get('heldout_agreement', float('nan')):.3f}.",

@@ -97,7 +97,11 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     t.add_argument("--heldout-fraction", type=float, default=0.05,
                    help="fraction of prompts kept out of training for the progress metric (default: %(default)s)")
     t.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    t.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    t.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
+    t.add_argument("--device", default=os.environ.get("TANDEM_DEVICE", "auto"),
+                   help="where the target (generation, teacher pass) and the student's training run: auto (a CUDA "
+                        "GPU when torch sees one, else the CPU), cpu, cuda, cuda:1 ... The ONNX export always runs "
+                        "on the CPU [env TANDEM_DEVICE; default auto]")
     t.add_argument("--ckpt-every", type=int, default=50, help="checkpoint every N steps (default: %(default)s)")
     t.add_argument("--eval-every", type=int, default=50, help="held-out agreement every N steps (default: %(default)s)")
     t.add_argument("--final", choices=["best", "last"], default="best",
@@ -207,7 +211,12 @@ def run(args) -> int:
     def log(msg: str) -> None:
         print(f"[distill] {msg}", file=sys.stderr, flush=True)
 
-    target, tokenizer, loc = load_causal_lm(args.target)
+    try:
+        target, tokenizer, loc = load_causal_lm(args.target, device=args.device)
+    except ValueError as e:
+        log(str(e))
+        return 2
+    device = str(next(target.parameters()).device)
     shard_paths = []
     if args.teacher_shards:
         import glob
@@ -306,6 +315,7 @@ def run(args) -> int:
                             max_prompt=args.max_prompt, prompt_fraction=args.prompt_fraction, seed=args.seed,
                             ckpt_every=args.ckpt_every, eval_every=args.eval_every, threads=args.threads,
                             time_budget_s=args.time_budget * 60)
+    model.to(device)
     tr_groups = train.make_groups(tr_sh, max_prompt=args.max_prompt, answers_per_group=args.answers_per_step)
     va_groups = train.make_groups(va_sh, max_prompt=args.max_prompt, answers_per_group=args.answers_per_step)
     trainer = train.Trainer(model, draft_vocab, tr_groups, va_groups, cfg, work, progress=not args.no_progress)
@@ -330,6 +340,7 @@ def run(args) -> int:
         result["kept_step"] = best[1]
     log(f"trained {result['step']} steps in {result['train_seconds']:.0f}s; held-out greedy agreement {heldout:.3f}")
 
+    model.to("cpu")
     student.save_student(model, tokenizer, draft_vocab, out, extra={"tandem_target": _target_name(args.target)})
     info = {
         "target": args.target, "target_name": _target_name(args.target),
@@ -343,6 +354,7 @@ def run(args) -> int:
         "train_groups": len(tr_groups), "train": {k: v for k, v in result.items() if k != "history"},
         "history": result["history"], "heldout_agreement": heldout, "train_config": cfg.__dict__,
         "teacher_shards": [str(p) for p in shard_paths], "wall_seconds": round(time.time() - t_start, 1),
+        "device": device,
         "interrupted": result["interrupted"],
     }
     (out / "distill_info.json").write_text(json.dumps(info, indent=1, default=str))

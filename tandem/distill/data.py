@@ -85,6 +85,11 @@ def chat_prompt_ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text)["input_ids"])
 
 
+def model_device(model):
+    """The torch device a model's weights live on: inputs are built there (CPU or GPU alike)."""
+    return next(model.parameters()).device
+
+
 # ----------------------------------------------------------------------------------------------
 # Generation by the target (training samples for targets without a corpus; held-out references)
 # ----------------------------------------------------------------------------------------------
@@ -101,7 +106,8 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, *, greedy: bo
 
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     results: list[list[int] | None] = [None] * len(prompts)
-    gen = torch.Generator().manual_seed(seed)
+    device = model_device(model)
+    gen = torch.Generator(device=device).manual_seed(seed)  # sampled outputs are reproducible per device type
     bar = tqdm(total=len(prompts), desc="generate", unit="prompt", disable=not progress, file=sys.stderr)
     eos = set(int(e) for e in eos_ids)
     for b in range(0, len(order), batch_size):
@@ -113,7 +119,8 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, *, greedy: bo
         for r, p in enumerate(batch):
             input_ids[r, width - len(p):] = torch.tensor(p)
             mask[r, width - len(p):] = 1
-        new = _generate_batch(model, input_ids, mask, max_new_tokens, greedy, temperature, top_p, gen, eos)
+        new = _generate_batch(model, input_ids.to(device), mask.to(device), max_new_tokens, greedy, temperature,
+                              top_p, gen, eos)
         for r, i in enumerate(idx):
             results[i] = new[r]
         bar.update(len(idx))
@@ -128,7 +135,7 @@ def _generate_batch(model, input_ids, mask, max_new_tokens, greedy, temperature,
     B = input_ids.shape[0]
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
     out = [[] for _ in range(B)]
-    done = torch.zeros(B, dtype=torch.bool)
+    done = [False] * B
     with torch.no_grad():
         res = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True)
         past = res.past_key_values
@@ -144,14 +151,13 @@ def _generate_batch(model, input_ids, mask, max_new_tokens, greedy, temperature,
                 sp[(cum - sp) > top_p] = 0
                 choice = torch.multinomial(sp / sp.sum(-1, keepdim=True), 1, generator=gen).squeeze(-1)
                 tok = si.gather(-1, choice[:, None]).squeeze(-1)
-            for r in range(B):
+            for r, t in enumerate(tok.tolist()):  # one copy to the host a step (not one per row on a GPU)
                 if not done[r]:
-                    out[r].append(int(tok[r]))
-                    if int(tok[r]) in eos:
-                        done[r] = True
-            if bool(done.all()):
+                    out[r].append(t)
+                    done[r] = t in eos
+            if all(done):
                 break
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype)], dim=1)
+            mask = torch.cat([mask, mask.new_ones((B, 1))], dim=1)
             res = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=past,
                         use_cache=True)
             past = res.past_key_values
@@ -174,6 +180,7 @@ def teacher_pass(model, records: list[Record], out_path: str | os.PathLike, *, t
     import torch
     from tqdm import tqdm
 
+    device = model_device(model)
     groups: dict[tuple, list[Record]] = defaultdict(list)
     for r in records:
         groups[tuple(r.prompt_ids)].append(r)
@@ -188,9 +195,9 @@ def teacher_pass(model, records: list[Record], out_path: str | os.PathLike, *, t
             p_ids = p_lp = None
             cache = None
             if prompt:
-                res = model(input_ids=torch.tensor([prompt]), use_cache=True)
+                res = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
                 lp = torch.log_softmax(res.logits[0].float(), -1)
-                p_lp, p_ids = lp.topk(topk, -1)
+                p_lp, p_ids = (t.cpu() for t in lp.topk(topk, -1))
                 cache = res.past_key_values
                 n_tok += len(prompt)
             for b in range(0, len(recs), answers_per_batch):
@@ -204,6 +211,7 @@ def teacher_pass(model, records: list[Record], out_path: str | os.PathLike, *, t
                 x = torch.zeros((len(chunk), width), dtype=torch.long)
                 for i, a in enumerate(answers):
                     x[i, :len(a)] = torch.tensor(a, dtype=torch.long)
+                x = x.to(device)
                 if cache is not None:
                     import copy
                     c = copy.deepcopy(cache)
@@ -212,7 +220,7 @@ def teacher_pass(model, records: list[Record], out_path: str | os.PathLike, *, t
                 else:
                     res = model(input_ids=x, use_cache=False)
                 lp = torch.log_softmax(res.logits.float(), -1)
-                a_lp, a_ids = lp.topk(topk, -1)
+                a_lp, a_ids = (t.cpu() for t in lp.topk(topk, -1))
                 for i, (r, a) in enumerate(zip(chunk, answers)):
                     n_tok += len(a)
                     if prompt:

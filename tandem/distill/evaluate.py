@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--per-category", type=int, default=24)
     r.add_argument("--max-new", type=int, default=128)
     r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--device", default="cpu", help="where the target writes the references: cpu, cuda, auto "
+                   "(default: cpu)")
     e = sub.add_parser("run", help="tau (torch HF dir and/or ONNX) and the drafter/target step-cost ratio")
     e.add_argument("--target", default="default")
     e.add_argument("--refs", required=True)
@@ -303,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     if args.cmd == "refs":
-        target, tok, _ = load_causal_lm(args.target)
+        target, tok, _ = load_causal_lm(args.target, device=args.device)
         n = make_refs(target, tok, args.out, args.per_category, args.max_new)
         print(f"wrote {n} references to {args.out}", file=sys.stderr)
         return 0

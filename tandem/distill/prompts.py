@@ -290,9 +290,12 @@ def main(argv=None) -> int:
     p.add_argument("--code", type=int, default=300, help="code prompts (default: 300)")
     p.add_argument("--reply-tokens", type=int, default=96,
                    help="cap on a written request; replies cut off at it are dropped (default: 96)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0, help="seed of the choices and of the target's sampling (the same "
+                   "seed gives the same prompts on the same kind of device; CPU and GPU sample differently) (default: 0)")
+    p.add_argument("--device", default="auto", help="where the target writes requests: auto (a CUDA GPU when "
+                   "torch sees one, else the CPU), cpu, cuda, cuda:1 ... (default: auto)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch CPU threads (default: all cores)")
+    p.add_argument("--batch-size", type=int, default=64, help="requests written at once (default: 64; a GPU takes 512+)")
     args = p.parse_args(argv)
 
     from . import data
@@ -309,7 +312,11 @@ def main(argv=None) -> int:
         from ..models import load_causal_lm
 
         torch.set_num_threads(args.threads)
-        model, tok, _ = load_causal_lm(args.target)
+        try:
+            model, tok, _ = load_causal_lm(args.target, device=args.device)
+        except ValueError as e:
+            print(f"[prompts] {e}", file=sys.stderr)
+            return 2
         eos = tok.eos_token_id
         outs = data.generate(model, [data.chat_prompt_ids(tok, r["text"]) for r in reqs], args.reply_tokens,
                              greedy=False,

@@ -108,10 +108,11 @@ class Trainer:
         self.work = Path(work_dir)
         self.work.mkdir(parents=True, exist_ok=True)
         self.progress = progress
+        self.device = next(model.parameters()).device  # train where the model is (CPU or GPU)
         vocab = model.config.vocab_size
-        self.draft_ids = torch.as_tensor(draft_vocab, dtype=torch.long)
-        t2d = torch.full((vocab,), -1, dtype=torch.long)
-        t2d[self.draft_ids] = torch.arange(len(draft_vocab))
+        self.draft_ids = torch.as_tensor(draft_vocab, dtype=torch.long, device=self.device)
+        t2d = torch.full((vocab,), -1, dtype=torch.long, device=self.device)
+        t2d[self.draft_ids] = torch.arange(len(draft_vocab), device=self.device)
         self.t2d = t2d
         # The trained head holds only the draft rows; it is written back into lm_head when saving.
         self.head = torch.nn.Parameter(model.lm_head.weight.detach()[self.draft_ids].clone())
@@ -166,7 +167,7 @@ class Trainer:
         torch = self.torch
         if not self.ckpt_path.exists():
             return False
-        st = torch.load(self.ckpt_path, weights_only=False)
+        st = torch.load(self.ckpt_path, weights_only=False, map_location="cpu")
         self._set_weights(st)
         self.opt.load_state_dict(st["opt"])
         self.sched.load_state_dict(st["sched"])
@@ -191,7 +192,7 @@ class Trainer:
 
     def load_weights(self, path: str | os.PathLike) -> None:
         """Model and head weights of another run's checkpoint (ckpt.pt or best.pt); nothing else."""
-        self._set_weights(self.torch.load(path, weights_only=False))
+        self._set_weights(self.torch.load(path, weights_only=False, map_location="cpu"))
 
     def save_best(self) -> None:
         tmp = self.work / "best.tmp"
@@ -203,7 +204,7 @@ class Trainer:
         path = self.work / "best.pt"
         if not path.exists():
             return None
-        st = self.torch.load(path, weights_only=False)
+        st = self.torch.load(path, weights_only=False, map_location="cpu")
         self._set_weights(st)
         self.write_back_head()
         return st["best"]
@@ -234,19 +235,22 @@ class Trainer:
         P = len(g.prompt)
         n = len(g.answers)
         A = max(len(a[0]) for a in g.answers)
+        dev = self.device
         x = torch.zeros((n, A), dtype=torch.long)
         for i, a in enumerate(g.answers):
             x[i, :len(a[0])] = torch.from_numpy(a[0].astype(np.int64))
+        x = x.to(dev)
         hs, ids, lps = [], [], []
         if P:
-            out = self.model.model(input_ids=torch.from_numpy(g.prompt.astype(np.int64))[None], use_cache=True)
+            out = self.model.model(input_ids=torch.from_numpy(g.prompt.astype(np.int64))[None].to(dev),
+                                   use_cache=True)
             hp = out.last_hidden_state[0]
             keep = np.zeros(P, dtype=bool)
             keep[P - 1] = True  # predicts the first answer token
             if rng is not None and self.cfg.prompt_fraction > 0:
                 keep[:P - 1] = rng.random(P - 1) < self.cfg.prompt_fraction
             k = np.nonzero(keep)[0]
-            hs.append(hp[torch.from_numpy(k)])
+            hs.append(hp[torch.from_numpy(k).to(dev)])
             ids.append(g.p_ids[k])
             lps.append(g.p_logp[k])
             cache = out.past_key_values
@@ -261,8 +265,8 @@ class Trainer:
                 ids.append(a[1][:m])
                 lps.append(a[2][:m])
         K = ids[0].shape[1]
-        tid = torch.from_numpy(np.concatenate(ids).astype(np.int64)).view(-1, K)
-        tlp = torch.from_numpy(np.concatenate(lps).astype(np.float32)).view(-1, K)
+        tid = torch.from_numpy(np.concatenate(ids).astype(np.int64)).view(-1, K).to(dev)
+        tlp = torch.from_numpy(np.concatenate(lps).astype(np.float32)).view(-1, K).to(dev)
         return torch.cat(hs, 0), tid, tlp
 
     def train_step(self, gi: int, rng: np.random.Generator) -> dict:

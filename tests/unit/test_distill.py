@@ -37,6 +37,9 @@ def test_distill_tiny_target(tiny_target_dir, tmp_path):
     assert dv.dtype == np.int64 and len(dv) == 48 and (np.diff(dv) > 0).all() and 2 in dv  # EOS always kept
     info = json.loads((out / "distill_info.json").read_text())
     assert info["train"]["step"] == 6 and len(info["history"]) == 2
+    from tandem.models import resolve_device
+
+    assert info["device"] == resolve_device("auto")  # trained where --device auto (the default) points
 
     # resume: a later run with more steps continues from the checkpoint
     argv2 = [a if a != "6" else "8" for a in argv]
@@ -210,3 +213,38 @@ def test_fine_tune_from_an_earlier_run_on_new_answer_files(tiny_target_dir, tmp_
     wrong[wrong.index(str(tmp_path / "w2"))] = str(tmp_path / "w3")
     small_wrong = [a if a != "16" else "24" for a in small]  # hidden 24: not the checkpoint's student
     assert cli.run(parser.parse_args(wrong + small_wrong)) == 2
+
+
+def test_the_pipeline_script_runs_every_stage_once(tiny_target_dir, tmp_path):
+    """deploy/distill.sh (prompts given): answers -> distill -> export; a second run finds every output
+    in place and redoes nothing."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("tandem.export") is None:
+        pytest.skip("needs tandem.export")
+    script = Path(__file__).resolve().parents[2] / "deploy" / "distill.sh"
+    prompts = tmp_path / "prompts.jsonl"
+    rng = np.random.default_rng(2)
+    prompts.write_text("".join(json.dumps({"prompt_ids": [1] + rng.integers(3, 64, size=6).tolist(),
+                                           "source": f"test#{i}"}) + "\n" for i in range(10)))
+    env = {**os.environ, "PY": sys.executable, "TARGET": str(tiny_target_dir), "WORK": str(tmp_path / "work"),
+           "OUT": str(tmp_path / "drafter"), "PROMPTS": str(prompts), "TANDEM_DEVICE": "cpu", "EVAL": "0",
+           "ANSWER_TOKENS": "16", "STEPS": "4"}
+    tiny = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--intermediate", "32",
+            "--draft-vocab", "48", "--eval-every", "2", "--ckpt-every", "2", "--no-progress"]
+    run = subprocess.run(["bash", str(script), *tiny], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for stage in ("answers ->", "distill ->", "done:"):
+        assert stage in run.stderr
+    info = json.loads((tmp_path / "drafter" / "distill_info.json").read_text())
+    assert info["train"]["step"] == 4 and info["device"] == "cpu"
+    assert sum(m["records"] for m in info["data"]) == 10  # every prompt answered once
+    meta = json.loads((tmp_path / "drafter" / "drafter.json").read_text())
+    assert meta["quantize"] == "int8" and meta["logits_size"] == 48
+
+    again = subprocess.run(["bash", str(script), *tiny], env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "answers ->" not in again.stderr and "distill ->" not in again.stderr and "done:" in again.stderr
