@@ -137,7 +137,9 @@ def _generate_batch(model, input_ids, mask, max_new_tokens, greedy, temperature,
     out = [[] for _ in range(B)]
     done = [False] * B
     with torch.no_grad():
-        res = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True)
+        # the prefill's head runs on the last position only (the others' logits are never used)
+        res = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                    logits_to_keep=1)
         past = res.past_key_values
         logits = res.logits[:, -1, :]
         next_pos = position_ids[:, -1:] + 1

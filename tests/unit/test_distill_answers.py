@@ -62,3 +62,16 @@ def test_answers_match_greedy_decoding_and_a_teacher_pass(tiny_target_dir, tmp_p
     answers.answer_prompts(model, prompts, tmp_path / "ans", max_new_tokens=12, topk=4, shard_size=4,
                            batch_tokens=90, eos_ids=(2,), progress=False)
     assert mtimes == [p.stat().st_mtime_ns for p in map(Path, info["shards"])]
+
+
+def test_batched_generation_is_the_targets_greedy_decoding(tiny_target_dir):
+    """data.generate (left padding, the prefill's head on the last position only) gives each prompt the
+    answer that unbatched greedy decoding gives."""
+    from tandem.distill import data
+    from tandem.models import load_causal_lm
+
+    model, _, _ = load_causal_lm(str(tiny_target_dir))
+    rng = np.random.default_rng(4)
+    prompts = [[1] + rng.integers(3, 64, size=int(n)).tolist() for n in rng.integers(2, 40, size=6)]
+    outs = data.generate(model, prompts, 10, greedy=True, batch_size=4, eos_ids=(2,), progress=False)
+    assert outs == [_greedy(model, p, 10, {2}) for p in prompts]
