@@ -65,6 +65,11 @@ def load_tokenizer(spec: str | os.PathLike | None):
     return AutoTokenizer.from_pretrained(loc.directory, gguf_file=loc.gguf_file)
 
 
+def model_device(model):
+    """The torch device a model's weights live on: inputs are built there (CPU or GPU alike)."""
+    return next(model.parameters()).device
+
+
 def resolve_device(device: str | None = "auto") -> str:
     """'auto' (or None/''): 'cuda' when torch sees a GPU, else 'cpu'; any other name is checked and returned
     ('cuda' without a GPU is an error that says so, not a crash deep inside torch)."""
@@ -100,3 +105,13 @@ def load_causal_lm(spec: str | os.PathLike | None, dtype: str = "float32", devic
     model.to(device).eval()
     print(f"[tandem] loaded {loc.name} in {time.perf_counter() - t0:.1f}s ({device})", file=sys.stderr, flush=True)
     return model, tokenizer, loc
+
+
+def load_causal_lm_or_explain(spec: str | os.PathLike | None, log, device: str = "cpu"):
+    """``load_causal_lm`` for a command: (model, tokenizer, location), or None once ``log`` has the reason
+    the device cannot be used (a GPU asked for where torch sees none); the command then exits 2."""
+    try:
+        return load_causal_lm(spec, device=device)
+    except ValueError as e:
+        log(str(e))
+        return None

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from tandem import telemetry
+from tandem.models import model_device
 from tandem.types import DraftToken, ModelInfo, SamplingParams, VerifyOutcome
 from tandem.vocab import tokenizer_vocab_hash
 from verifier_service.acceptance import accept_greedy, accept_random
@@ -28,7 +29,7 @@ class Target:
     def __init__(self, model, tokenizer, name: str, *, session_ttl_s: float = 600.0, max_sessions: int = 256):
         self.model = model
         self.tokenizer = tokenizer
-        self.device = next(model.parameters()).device
+        self.device = model_device(model)
         config = model.config
         eos = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
         eos_ids = tuple(sorted({int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None}))

@@ -32,7 +32,7 @@ def _answer_batch(model, prompts: list[list[int]], max_new_tokens: int, topk: in
     (CPU or GPU); the host sees one copy of the chosen tokens a step."""
     import torch
 
-    from .data import model_device
+    from ..models import model_device
 
     device = model_device(model)
     B, W = len(prompts), max(len(p) for p in prompts)
@@ -156,15 +156,14 @@ def main(argv=None) -> int:
 
     import torch
 
-    from ..models import load_causal_lm
+    from ..models import load_causal_lm_or_explain
     from .data import chat_prompt_ids, is_training_question
 
     torch.set_num_threads(args.threads)
-    try:
-        model, tok, _ = load_causal_lm(args.target, device=args.device)
-    except ValueError as e:
-        print(f"[answers] {e}", file=sys.stderr)
+    loaded = load_causal_lm_or_explain(args.target, lambda m: print(f"[answers] {m}", file=sys.stderr), args.device)
+    if loaded is None:
         return 2
+    model, tok, _ = loaded
     model.eval()
     prompts, skipped = [], 0
     opener = gzip.open if args.prompts.endswith(".gz") else open

@@ -197,7 +197,7 @@ def run(args) -> int:
     import numpy as np
     import torch
 
-    from ..models import load_causal_lm
+    from ..models import load_causal_lm_or_explain, model_device
     from . import card, data, student, train
 
     t_start = time.time()
@@ -211,12 +211,11 @@ def run(args) -> int:
     def log(msg: str) -> None:
         print(f"[distill] {msg}", file=sys.stderr, flush=True)
 
-    try:
-        target, tokenizer, loc = load_causal_lm(args.target, device=args.device)
-    except ValueError as e:
-        log(str(e))
+    loaded = load_causal_lm_or_explain(args.target, log, args.device)
+    if loaded is None:
         return 2
-    device = str(next(target.parameters()).device)
+    target, tokenizer, loc = loaded
+    device = str(model_device(target))
     shard_paths = []
     if args.teacher_shards:
         import glob

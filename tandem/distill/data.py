@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..models import model_device
+
 SHARED_DATA = Path(os.environ.get("TANDEM_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 DEFAULT_CORPUS = SHARED_DATA / "distill" / "smollm2_135m_instruct_samples.jsonl"
 SPEC_BENCH = SHARED_DATA / "spec_bench" / "question.jsonl"
@@ -83,11 +85,6 @@ def chat_prompt_ids(tokenizer, text: str) -> list[int]:
             ids = ids["input_ids"]
         return list(ids)
     return list(tokenizer(text)["input_ids"])
-
-
-def model_device(model):
-    """The torch device a model's weights live on: inputs are built there (CPU or GPU alike)."""
-    return next(model.parameters()).device
 
 
 # ----------------------------------------------------------------------------------------------

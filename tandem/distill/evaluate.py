@@ -301,11 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from ..models import load_causal_lm
+    from ..models import load_causal_lm, load_causal_lm_or_explain
 
     torch.set_num_threads(args.threads)
     if args.cmd == "refs":
-        target, tok, _ = load_causal_lm(args.target, device=args.device)
+        loaded = load_causal_lm_or_explain(args.target, lambda m: print(m, file=sys.stderr), args.device)
+        if loaded is None:
+            return 2
+        target, tok, _ = loaded
         n = make_refs(target, tok, args.out, args.per_category, args.max_new)
         print(f"wrote {n} references to {args.out}", file=sys.stderr)
         return 0

@@ -309,14 +309,14 @@ def main(argv=None) -> int:
     if reqs:
         import torch
 
-        from ..models import load_causal_lm
+        from ..models import load_causal_lm_or_explain
 
         torch.set_num_threads(args.threads)
-        try:
-            model, tok, _ = load_causal_lm(args.target, device=args.device)
-        except ValueError as e:
-            print(f"[prompts] {e}", file=sys.stderr)
+        loaded = load_causal_lm_or_explain(args.target, lambda m: print(f"[prompts] {m}", file=sys.stderr),
+                                           args.device)
+        if loaded is None:
             return 2
+        model, tok, _ = loaded
         eos = tok.eos_token_id
         outs = data.generate(model, [data.chat_prompt_ids(tok, r["text"]) for r in reqs], args.reply_tokens,
                              greedy=False,

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..models import model_device
+
 
 CHECKPOINT_FILE = "ckpt.pt"  # in the work directory: what --resume continues
 
@@ -108,7 +110,7 @@ class Trainer:
         self.work = Path(work_dir)
         self.work.mkdir(parents=True, exist_ok=True)
         self.progress = progress
-        self.device = next(model.parameters()).device  # train where the model is (CPU or GPU)
+        self.device = model_device(model)  # train where the model is (CPU or GPU)
         vocab = model.config.vocab_size
         self.draft_ids = torch.as_tensor(draft_vocab, dtype=torch.long, device=self.device)
         t2d = torch.full((vocab,), -1, dtype=torch.long, device=self.device)

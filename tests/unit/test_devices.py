@@ -33,7 +33,7 @@ def test_asking_for_a_gpu_without_one_says_so():
 
 
 @needs_no_cuda
-def test_distill_and_answers_exit_2_when_the_gpu_is_missing(tiny_target_dir, tmp_path, capsys):
+def test_the_tools_exit_2_when_the_gpu_is_missing(tiny_target_dir, tmp_path, capsys):
     import argparse
 
     from tandem.distill import answers, cli
@@ -50,6 +50,11 @@ def test_distill_and_answers_exit_2_when_the_gpu_is_missing(tiny_target_dir, tmp
     assert cli.run(args) == 2
     assert "sees no CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
+    from tandem.distill import evaluate
+
+    assert evaluate.main(["refs", "--target", str(tiny_target_dir), "--out", str(tmp_path / "refs.jsonl"),
+                          "--device", "cuda"]) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().err
 
 
 @needs_cuda
