@@ -34,7 +34,7 @@ import numpy as np
 
 from drafter_service.lookup import find_lookup
 from drafter_service.sampling import sample_index, session_rng, top_probability, truncate_support, warp
-from drafter_service.sessions import SessionStore
+from tandem.sessions import SessionStore
 from tandem import telemetry
 from tandem.types import DraftToken, ModelInfo, Proposal, SamplingParams
 
@@ -211,7 +211,8 @@ class OnnxDrafter:
         if not 0.0 <= lookup_check_confidence <= 1.0:
             raise ValueError(f"lookup_check_confidence must be in [0, 1], got {lookup_check_confidence}")
         self.lookup_check_confidence = float(lookup_check_confidence)
-        self.sessions: SessionStore[_Session] = SessionStore(session_ttl_s, max_sessions=max_sessions)
+        self.sessions: SessionStore[_Session] = SessionStore(session_ttl_s, max_sessions=max_sessions,
+                                                          what="drafter session")
         log.info("drafter %s: %d layers, vocab %d, providers %s", self.meta.model_name, layers,
                  self.meta.vocab_size, self.providers)
 

@@ -26,6 +26,9 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    # A port belongs to one server: without this, gRPC sets SO_REUSEPORT and a second `tandem up` on a
+    # port in use "starts" beside the first.
+    ("grpc.so_reuseport", 0),
 ]
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

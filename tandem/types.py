@@ -43,6 +43,7 @@ class DraftToken:
     token_id: int
     support_ids: tuple[int, ...] = ()
     support_probs: tuple[float, ...] = ()
+    from_lookup: bool = False       # copied from the context by prompt lookup (q a point mass)
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,6 @@ import torch
 from tandem.types import SamplingParams
 
 
-class UnknownSessionError(KeyError):
-    """No session with that id (never started, ended, or evicted after its TTL)."""
-
-    def __str__(self) -> str:
-        return f"unknown session {self.args[0]!r} (never started, already ended, or evicted after being idle)"
-
-
 @dataclass
 class TargetSession:
     session_id: str
@@ -51,51 +44,3 @@ class TargetSession:
                 if isinstance(t, torch.Tensor):
                     total += t.numel() * t.element_size()
         return total
-
-
-class SessionStore:
-    """Thread-safe map of session id -> TargetSession, with eviction of idle sessions."""
-
-    def __init__(self, ttl_s: float = 600.0, max_sessions: int = 256):
-        self.ttl_s = ttl_s
-        self.max_sessions = max_sessions
-        self._sessions: dict[str, TargetSession] = {}
-        self._lock = threading.Lock()
-
-    def add(self, session: TargetSession) -> None:
-        with self._lock:
-            self._evict_locked(time.monotonic())
-            if session.session_id not in self._sessions and len(self._sessions) >= self.max_sessions:
-                raise RuntimeError(f"too many open sessions ({self.max_sessions}); end some or raise --max-sessions")
-            self._sessions[session.session_id] = session
-
-    def get(self, session_id: str) -> TargetSession:
-        with self._lock:
-            session = self._sessions.get(session_id)
-            if session is None:
-                raise UnknownSessionError(session_id)
-            session.last_used = time.monotonic()
-            return session
-
-    def pop(self, session_id: str) -> TargetSession | None:
-        with self._lock:
-            return self._sessions.pop(session_id, None)
-
-    def evict_idle(self, now: float | None = None) -> int:
-        with self._lock:
-            return self._evict_locked(time.monotonic() if now is None else now)
-
-    def _evict_locked(self, now: float) -> int:
-        stale = [sid for sid, s in self._sessions.items() if now - s.last_used > self.ttl_s]
-        for sid in stale:
-            del self._sessions[sid]
-        return len(stale)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._sessions)
-
-    def kv_bytes(self) -> int:
-        with self._lock:
-            sessions = list(self._sessions.values())
-        return sum(s.kv_bytes() for s in sessions)

@@ -21,7 +21,8 @@ from tandem.models import model_device
 from tandem.types import DraftToken, ModelInfo, SamplingParams, VerifyOutcome
 from tandem.vocab import tokenizer_vocab_hash
 from verifier_service.acceptance import accept_greedy, accept_random
-from verifier_service.kv_cache import SessionStore, TargetSession
+from tandem.sessions import SessionStore
+from verifier_service.kv_cache import TargetSession
 from verifier_service.warping import warp
 
 
@@ -38,7 +39,9 @@ class Target:
                               vocab_hash=tokenizer_vocab_hash(tokenizer),
                               max_context=int(getattr(config, "max_position_embeddings", 2048)),
                               eos_token_ids=eos_ids)
-        self.sessions = SessionStore(ttl_s=session_ttl_s, max_sessions=max_sessions)
+        self.sessions: SessionStore[TargetSession] = SessionStore(session_ttl_s, max_sessions=max_sessions,
+                                                                 what="verifier session",
+                                                                 size_of=TargetSession.kv_bytes)
         # One forward at a time: torch already uses every core for one sequence on CPU.
         self._forward_lock = threading.Lock()
 
@@ -92,13 +95,13 @@ class Target:
             logits = self._forward(session, prompt_ids, last_only=True)                    # [1, V]
         session.length = len(prompt_ids)
         session.pending_token = self._choose(session, logits, []).next_token
-        self.sessions.add(session)
+        self.sessions.add(session_id, session, replace=True)
         return session.pending_token, (time.perf_counter() - t0) * 1e3
 
     def verify(self, session_id: str, draft: Sequence[DraftToken]) -> VerifyOutcome:
         """One target forward over [pending, x_1..x_k]; keeps the accepted prefix, rolls back the rest."""
         t0 = time.perf_counter()
-        session = self.sessions.get(session_id)
+        session = self.sessions.require(session_id)
         self._check_draft(session, draft)
         with session.lock:
             k = len(draft)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from drafter_service.onnx_drafter import OnnxDrafter, UnknownSessionError
-from drafter_service.sessions import SessionStore
+from tandem.errors import CapacityExceeded
+from tandem.sessions import SessionStore
 from tandem.types import SamplingParams
 
 PROMPT = [1, 12, 40, 7, 33, 5, 60, 21]
@@ -184,7 +185,7 @@ def test_session_store_ttl_with_fake_clock():
     now[0] = 5
     store.get_or_create("b", lambda: [3])
     assert store.total_bytes() == 3 and len(store) == 2
-    with pytest.raises(RuntimeError, match="too many"):
+    with pytest.raises(CapacityExceeded, match="too many"):
         store.get_or_create("c", list)
     now[0] = 12
     assert store.get("b") == [3]              # refreshes b
@@ -201,7 +202,7 @@ def test_drafter_service_imports_no_torch(tiny_drafter_onnx):
                 if name.split(".")[0] in ("torch", "transformers"):
                     raise ImportError("blocked: " + name)
         sys.meta_path.insert(0, Block())
-        import drafter_service, drafter_service.sampling, drafter_service.sessions
+        import drafter_service, drafter_service.sampling, tandem.sessions
         from drafter_service.onnx_drafter import OnnxDrafter
         from tandem.types import SamplingParams
         d = OnnxDrafter({str(tiny_drafter_onnx)!r}, threads=1, providers=["CPUExecutionProvider"])
