@@ -1,13 +1,13 @@
-"""Starting the drafter service (aio gRPC server around an ONNX drafter). No torch here."""
+"""Starting the drafter service (aio gRPC server around a drafter). No torch here."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from drafter_service.servicer import DrafterServicer
 from tandem.pb import drafter_grpc, drafter_pb2
-from tandem.serving import Service, evict_period, start_service
+from tandem.serving import Service, start_service
+from tandem.sessions import evict_forever
 
 SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name
 
@@ -17,15 +17,5 @@ async def start_drafter(drafter, host: str = "127.0.0.1", port: int = 0, interce
     service = await start_service("drafter", lambda s: drafter_grpc.add_DrafterServicer_to_server(servicer, s),
                                   [SERVICE_NAME], host, port, interceptors=interceptors)
     service.metrics = servicer.metrics
-    ttl = getattr(getattr(drafter, "sessions", None), "ttl_s", 600.0)
-    service.evictor = asyncio.create_task(_evict_forever(drafter, evict_period(ttl)))
+    service.evictor = asyncio.create_task(evict_forever(drafter.sessions))
     return service
-
-
-async def _evict_forever(drafter, every_s: float = 30.0) -> None:
-    with contextlib.suppress(asyncio.CancelledError):
-        while True:
-            await asyncio.sleep(every_s)
-            evict = getattr(drafter, "evict_idle", None)
-            if evict is not None:
-                evict()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tandem.convert import draft_to_pb, info_to_pb, sampling_from_pb
-from tandem.metrics import DrafterMetrics
+from drafter_service.metrics import DrafterMetrics
 from tandem.pb import common_pb2, drafter_grpc, drafter_pb2
 from tandem.serving import abort_on_error, complete_or_undo
 

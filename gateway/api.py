@@ -9,7 +9,7 @@ import grpc
 from gateway.clients import set_request_deadline
 from gateway.engine import Gateway, GenerateParams, IncompatibleDrafter, Overloaded
 from gateway.stats import RequestStats
-from tandem.convert import sampling_from_pb
+from tandem.convert import round_to_pb, sampling_from_pb
 from tandem.pb import gateway_grpc, gateway_pb2
 
 
@@ -22,19 +22,10 @@ def params_from_pb(req: gateway_pb2.GenerateRequest) -> GenerateParams:
 
 
 def stats_to_pb(s: RequestStats) -> gateway_pb2.GenerateStats:
-    return gateway_pb2.GenerateStats(
-        prompt_tokens=s.prompt_tokens, new_tokens=s.new_tokens, rounds=s.rounds, proposed=s.proposed,
-        accepted=s.accepted, mean_acceptance_length=s.mean_acceptance_length, acceptance_rate=s.acceptance_rate,
-        accepted_per_position=s.accepted_per_position, proposed_per_position=s.proposed_per_position,
-        ttft_ms=s.ttft_ms, total_ms=s.total_ms, draft_ms=s.draft_ms, verify_ms=s.verify_ms,
-        overhead_ms=s.overhead_ms, prefill_ms=s.prefill_ms, tokens_per_second=s.tokens_per_second,
-        speculative=s.speculative, fallback_reason=s.fallback_reason, draft_model=s.draft_model,
-        target_model=s.target_model,
-        round_stats=[gateway_pb2.RoundStats(index=r.index, k=r.k, proposed=r.proposed, accepted=r.accepted,
-                                            rejection_position=r.rejection_position, bonus=r.bonus,
-                                            draft_ms=r.draft_ms, verify_ms=r.verify_ms,
-                                            overhead_ms=r.overhead_ms, round_ms=r.round_ms)
-                     for r in s.round_log])
+    """Every GenerateStats field from the RequestStats attribute of the same name; rounds from their record."""
+    fields = {f.name: getattr(s, f.name) for f in gateway_pb2.GenerateStats.DESCRIPTOR.fields
+              if f.name != "round_stats"}
+    return gateway_pb2.GenerateStats(**fields, round_stats=[round_to_pb(r) for r in s.round_log])
 
 
 class GatewayServicer(gateway_grpc.GatewayServicer):

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 import grpc
 
 from gateway.ports import DrafterLostSession, DrafterUnavailable
-from tandem.convert import draft_from_pb, draft_to_pb, info_from_pb, sampling_to_pb
+from tandem.convert import draft_from_pb, draft_to_pb, info_from_pb, sampling_to_pb, target_info_from_pb
 from tandem.pb import common_pb2, drafter_grpc, drafter_pb2, verifier_grpc, verifier_pb2
-from tandem.serving import CHANNEL_OPTIONS, ERROR_KIND_KEY
-from tandem.types import DraftToken, ModelInfo, Proposal, SamplingParams, VerifyOutcome
+from tandem.serving import CHANNEL_OPTIONS
+from tandem.types import DraftToken, ModelInfo, Proposal, SamplingParams, TargetInfo, VerifyOutcome
 
 DRAFTER_FAILURES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL,
                     grpc.StatusCode.UNKNOWN, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED,
@@ -66,13 +66,6 @@ def call_timeout(timeout_s: float) -> float:
     return max(0.01, min(timeout_s, remaining - margin))
 
 
-def _error_kind(err: grpc.aio.AioRpcError) -> str:
-    for key, value in err.trailing_metadata() or ():
-        if key == ERROR_KIND_KEY:
-            return value
-    return ""
-
-
 class VerifierClient:
     def __init__(self, address: str, timeout_s: float = 60.0, interceptors: Sequence = ()):
         self.address = address
@@ -80,10 +73,11 @@ class VerifierClient:
         self.channel = open_channel(address, interceptors)
         self.stub = verifier_grpc.VerifierStub(self.channel)
 
-    async def get_info(self, wait_s: float | None = None) -> verifier_pb2.TargetInfo:
+    async def get_info(self, wait_s: float | None = None) -> TargetInfo:
         """The target's info and tokenizer; waits up to ``wait_s`` for the verifier to come up."""
-        return await self.stub.GetInfo(common_pb2.GetInfoRequest(), timeout=wait_s or self.timeout_s,
-                                       wait_for_ready=wait_s is not None)
+        return target_info_from_pb(await self.stub.GetInfo(common_pb2.GetInfoRequest(),
+                                                           timeout=wait_s or self.timeout_s,
+                                                           wait_for_ready=wait_s is not None))
 
     async def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams) -> tuple[int, float]:
         reply = await self.stub.StartSession(
@@ -127,7 +121,7 @@ class DrafterClient:
         try:
             reply = await self.stub.Propose(request, timeout=call_timeout(self.timeout_s))
         except grpc.aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.INVALID_ARGUMENT and _error_kind(err) == "UnknownSessionError":
+            if err.code() == grpc.StatusCode.NOT_FOUND:            # restarted or evicted: resend the context
                 raise DrafterLostSession(err.details()) from err
             if err.code() in DRAFTER_FAILURES:
                 raise DrafterUnavailable(f"{self.address}: {err.code().name}: {err.details()}") from err

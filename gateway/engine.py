@@ -14,11 +14,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from gateway.ports import DrafterUnavailable
-from gateway.rounds import Request, Round, generate_rounds
+from gateway import tracing
+from gateway.rounds import Request, generate_rounds
+from tandem.round_record import Round
 from gateway.stats import RequestStats
 from tandem import telemetry
-from tandem.metrics import GatewayMetrics
-from tandem.types import ModelInfo, SamplingParams
+from gateway.metrics import GatewayMetrics
+from tandem.types import ModelInfo, SamplingParams, TargetInfo
 
 
 class IncompatibleDrafter(Exception):
@@ -63,7 +65,7 @@ class GatewayConfig:
     max_concurrent_requests: int = 64     # more at once are refused (RESOURCE_EXHAUSTED); 0: no limit
 
 
-def build_tokenizer(target_info):
+def build_tokenizer(target_info: TargetInfo):
     """A transformers fast tokenizer rebuilt from the verifier's tokenizer JSON and chat template."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
@@ -76,12 +78,12 @@ def build_tokenizer(target_info):
 
 
 class Gateway:
-    def __init__(self, verifier, drafter, target_info, config: GatewayConfig):
+    def __init__(self, verifier, drafter, target_info: TargetInfo, config: GatewayConfig):
         """verifier: VerifierPort (+ target_info from its GetInfo); drafter: DrafterPort or None."""
         self.verifier = verifier
         self.drafter = drafter
         self.config = config
-        self.target: ModelInfo = target_info.model if hasattr(target_info, "model") else target_info
+        self.target: ModelInfo = target_info.model
         self.tokenizer = build_tokenizer(target_info)
         self.metrics = GatewayMetrics()         # Prometheus registry, served by --metrics-port
         self._drafter_info: ModelInfo | None = None
@@ -213,7 +215,7 @@ class Gateway:
         if speculate and drafter is None:
             stats.fallback_reason = self.drafter_down_reason or "no drafter configured"
         # Not made current: it lives across this generator's yields. Prefill and rounds get it as parent.
-        span = telemetry.start_request_span(params, self.target.model_name, k if drafter is not None else 0,
+        span = tracing.start_request_span(params, self.target.model_name, k if drafter is not None else 0,
                                             stats.draft_model)
         request = Request(session_id=uuid.uuid4().hex, prompt_ids=tuple(prompt_ids),
                           max_tokens=min(params.max_tokens, self.target.max_context - len(prompt_ids)),
@@ -245,7 +247,7 @@ class Gateway:
                 await asyncio.shield(self._end_sessions(request.session_id, drafter))
             stats.finish()
             self.metrics.active_sessions.dec()
-            telemetry.end_request_span(span, stats, self.finish_reason(generated, params))
+            tracing.end_request_span(span, stats, self.finish_reason(generated, params))
 
     async def _end_sessions(self, session_id: str, drafter) -> None:
         ends = [self.verifier.end(session_id)]

@@ -18,30 +18,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from gateway.ports import DrafterLostSession, DrafterPort, DrafterUnavailable, VerifierPort
+from gateway.tracing import round_attributes
 from tandem import telemetry
+from tandem.round_record import Round
 from tandem.types import Proposal, SamplingParams
-
-
-@dataclass(frozen=True)
-class Round:
-    """One round's outcome: the tokens it emitted and the figures DESIGN.md asks for."""
-
-    index: int                  # 0 is the prefill (first token), rounds count from 1
-    tokens: tuple[int, ...]     # emitted this round (accepted drafts + recovered/bonus), after EOS/max cut
-    k: int                      # draft length asked for (0: plain decoding)
-    proposed: int
-    accepted: int
-    rejection_position: int     # index in the block of the first rejected draft token, -1 if none
-    bonus: bool
-    draft_ms: float             # drafter's own compute
-    verify_ms: float            # verifier's own compute (target forward + acceptance)
-    round_ms: float             # wall time of the round as seen by the gateway
-    fallback_reason: str = ""   # set on the round where speculation was abandoned
-
-    @property
-    def overhead_ms(self) -> float:
-        """Network, serialization and queuing: what the servers did not account for."""
-        return max(0.0, self.round_ms - self.draft_ms - self.verify_ms)
 
 
 @dataclass(frozen=True)
@@ -68,7 +48,8 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
         first, prefill_ms = await verifier.start(req.session_id, req.prompt_ids, req.sampling)
     sequence.append(first)
     remaining -= 1
-    yield Round(0, (first,), 0, 0, 0, -1, False, 0.0, prefill_ms, (time.perf_counter() - t0) * 1e3)
+    yield Round.measured(index=0, tokens=(first,), emitted=1, rejection_position=-1, draft_ms=0.0,
+                         verify_ms=prefill_ms, round_ms=(time.perf_counter() - t0) * 1e3)
     done = first in req.eos_token_ids or remaining <= 0
 
     index = 0
@@ -100,11 +81,14 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
             sequence.extend(kept)
             remaining -= len(kept)
             done = len(kept) < len(emitted) or kept[-1] in req.eos_token_ids or remaining <= 0
-            rnd = Round(index, tuple(kept), k if proposal.tokens else 0, len(draft_ids), outcome.accepted,
-                        outcome.accepted if outcome.accepted < len(draft_ids) else -1, outcome.bonus,
-                        proposal.compute_ms, outcome.compute_ms, (time.perf_counter() - t0) * 1e3, fallback)
+            rnd = Round.measured(index=index, tokens=tuple(kept), emitted=len(kept), k=k if proposal.tokens else 0,
+                                 proposed=len(draft_ids), accepted=outcome.accepted,
+                                 rejection_position=outcome.accepted if outcome.accepted < len(draft_ids) else -1,
+                                 bonus=outcome.bonus, lookup_tokens=sum(t.from_lookup for t in proposal.tokens),
+                                 draft_ms=proposal.compute_ms, verify_ms=outcome.compute_ms,
+                                 round_ms=(time.perf_counter() - t0) * 1e3, fallback_reason=fallback)
             if span.is_recording():
-                span.set_attributes(telemetry.round_attributes(rnd))
+                span.set_attributes(round_attributes(rnd))
         yield rnd
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from gateway.rounds import Round
+from tandem.round_record import Round
 
 
 @dataclass

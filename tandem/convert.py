@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tandem.pb import common_pb2
-from tandem.types import DraftToken, ModelInfo, SamplingParams
+from tandem.pb import common_pb2, gateway_pb2, verifier_pb2
+from tandem.round_record import FIGURES, Round
+from tandem.types import DraftToken, ModelInfo, SamplingParams, TargetInfo
 
 
 def sampling_from_pb(msg: common_pb2.SamplingParams) -> SamplingParams:
@@ -37,3 +38,21 @@ def info_from_pb(msg: common_pb2.ModelInfo) -> ModelInfo:
 def info_to_pb(info: ModelInfo) -> common_pb2.ModelInfo:
     return common_pb2.ModelInfo(model_name=info.model_name, vocab_size=info.vocab_size, vocab_hash=info.vocab_hash,
                                 max_context=info.max_context, eos_token_ids=list(info.eos_token_ids))
+
+
+def target_info_from_pb(msg: verifier_pb2.TargetInfo) -> TargetInfo:
+    return TargetInfo(info_from_pb(msg.model), msg.tokenizer_json, msg.chat_template, msg.bos_token, msg.eos_token)
+
+
+def target_info_to_pb(info: TargetInfo) -> verifier_pb2.TargetInfo:
+    return verifier_pb2.TargetInfo(model=info_to_pb(info.model), tokenizer_json=info.tokenizer_json,
+                                   chat_template=info.chat_template, bos_token=info.bos_token,
+                                   eos_token=info.eos_token)
+
+
+def round_to_pb(rnd: Round) -> gateway_pb2.RoundStats:
+    return gateway_pb2.RoundStats(**{name: getattr(rnd, name) for name in FIGURES})
+
+
+def round_from_pb(msg: gateway_pb2.RoundStats) -> Round:
+    return Round(**{name: getattr(msg, name) for name in FIGURES})

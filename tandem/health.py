@@ -12,13 +12,13 @@ SERVICES = {"": "", "gateway": "tandem.v1.Gateway", "verifier": "tandem.v1.Verif
 
 
 def configure(p) -> None:
-    from tandem.cli import _security_flags, flag
+    from tandem.flags import flag, security_flags
 
     p.add_argument("address", help="host:port of a drafter, verifier or gateway")
     p.add_argument("--service", default="", help="a service name to ask about (gateway, verifier, drafter or a "
                    "full name such as tandem.v1.Drafter); default: the server as a whole")
     flag(p, "timeout", 5.0, float, help="seconds to wait for the answer")
-    _security_flags(p, server=False)
+    security_flags(p, server=False)
 
 
 def check(address: str, service: str = "", timeout: float = 5.0, security=None) -> str:

@@ -1,5 +1,9 @@
 """Prometheus metrics (prometheus_client only), one registry per service, served over HTTP.
 
+This module holds what every service shares (the registry, peak RSS, active sessions, KV bytes, vLLM's
+spec-decode counters, the HTTP endpoint); each service declares its own metrics in its own ``metrics``
+module (``gateway.metrics``, ``verifier_service.metrics``, ``drafter_service.metrics``).
+
 Names follow vLLM's (``vllm:spec_decode_*`` -> ``tandem:spec_decode_*``). Counters are declared
 without a suffix and exposed, like vLLM's, with ``_total`` appended by the Prometheus text format:
 ``tandem:spec_decode_num_drafts`` is scraped as ``tandem:spec_decode_num_drafts_total``. The
@@ -29,7 +33,7 @@ import sys
 import threading
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
 prometheus_client.disable_created_metrics()
@@ -78,7 +82,7 @@ class ServiceMetrics:
         return prometheus_client.generate_latest(self.registry).decode()
 
 
-class _SpecDecode:
+class SpecDecodeCounters:
     """vLLM's four spec-decode counters."""
 
     def __init__(self, registry: CollectorRegistry, accepted: bool = True):
@@ -110,76 +114,6 @@ class _SpecDecode:
                     self._pos.append(self.per_pos.labels(position=str(len(self._pos))))
         for i in range(accepted):
             self._pos[i].inc()
-
-
-class GatewayMetrics(ServiceMetrics):
-    def __init__(self):
-        super().__init__("gateway")
-        r = self.registry
-        self.spec = _SpecDecode(r)
-        self.ttft = Histogram("tandem:time_to_first_token_seconds", "Time to the first token (prefill included).",
-                              buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram("tandem:inter_token_latency_seconds",
-                             "Time between consecutive emissions of a request: a round's wall time "
-                             "(1..k+1 tokens each).",
-                             buckets=ITL_BUCKETS, registry=r)
-        self.e2e = Histogram("tandem:e2e_request_latency_seconds", "Request latency, first byte to last token.",
-                             buckets=E2E_BUCKETS, registry=r)
-        self.round_overhead = Histogram("tandem:round_overhead_seconds",
-                                        "Round wall time minus the drafter's and verifier's compute "
-                                        "(network, serialization, queuing).", buckets=COMPUTE_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("tandem:prompt_tokens", "Prompt tokens processed.", registry=r)
-        self.generation_tokens = Counter("tandem:generation_tokens", "Tokens generated.", registry=r)
-        self.request_success = Counter("tandem:request_success", "Finished requests by finish reason.",
-                                       ["finish_reason"], registry=r)
-
-    def round(self, rnd, stats) -> None:
-        """One ``gateway.rounds.Round``, after ``stats.add(rnd)``; index 0 (the prefill) gives the TTFT."""
-        if rnd.index == 0:
-            self.ttft.observe(stats.ttft_ms / 1e3)
-            return
-        self.spec.observe(rnd.proposed, rnd.accepted)
-        self.itl.observe(rnd.round_ms / 1e3)
-        self.round_overhead.observe(rnd.overhead_ms / 1e3)
-
-    def finished(self, stats, finish_reason: str) -> None:
-        """A request that ran to its end (``gateway.stats.RequestStats``)."""
-        self.e2e.observe(stats.total_ms / 1e3)
-        self.prompt_tokens.inc(stats.prompt_tokens)
-        self.generation_tokens.inc(stats.new_tokens)
-        self.request_success.labels(finish_reason=finish_reason or "unknown").inc()
-
-
-class VerifierMetrics(ServiceMetrics):
-    def __init__(self, target=None):
-        super().__init__("verifier", sessions=(lambda: len(target.sessions)) if target is not None else None,
-                         kv_bytes=target.sessions.kv_bytes if target is not None else None)
-        self.spec = _SpecDecode(self.registry)
-        self.verify_duration = Histogram("tandem:verify_duration_seconds",
-                                         "Verifier compute per Verify (target forward + acceptance).",
-                                         buckets=COMPUTE_BUCKETS, registry=self.registry)
-        self.prefill_duration = Histogram("tandem:prefill_duration_seconds", "Verifier compute per prefill.",
-                                          buckets=COMPUTE_BUCKETS, registry=self.registry)
-
-    def verified(self, proposed: int, accepted: int, compute_ms: float) -> None:
-        self.spec.observe(proposed, accepted)
-        self.verify_duration.observe(compute_ms / 1e3)
-
-    def prefilled(self, compute_ms: float) -> None:
-        self.prefill_duration.observe(compute_ms / 1e3)
-
-
-class DrafterMetrics(ServiceMetrics):
-    def __init__(self, drafter=None):
-        super().__init__("drafter", sessions=getattr(drafter, "session_count", None),
-                         kv_bytes=getattr(drafter, "kv_bytes", None))
-        self.spec = _SpecDecode(self.registry, accepted=False)
-        self.draft_duration = Histogram("tandem:draft_duration_seconds", "Drafter compute per Propose "
-                                        "(context sync + k steps).", buckets=COMPUTE_BUCKETS, registry=self.registry)
-
-    def proposed(self, tokens: int, compute_ms: float) -> None:
-        self.spec.observe(tokens)
-        self.draft_duration.observe(compute_ms / 1e3)
 
 
 class MetricsServer:

@@ -16,6 +16,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from tandem.errors import CapacityExceeded, InvalidInput, NotSessionOwner, SessionExists, UnknownSession
+
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024   # tokenizer JSON travels in GetInfo (a few MB)
@@ -41,28 +43,39 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", 5_000),
 ]
-ERROR_KIND_KEY = "tandem-error"
+# Each domain error crosses the wire as one status code (tandem.errors); clients decide on the code.
+STATUS_OF: dict[type, grpc.StatusCode] = {
+    UnknownSession: grpc.StatusCode.NOT_FOUND,
+    SessionExists: grpc.StatusCode.ALREADY_EXISTS,
+    NotSessionOwner: grpc.StatusCode.PERMISSION_DENIED,
+    CapacityExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+}
+
+
+def status_of(exc: BaseException) -> grpc.StatusCode | None:
+    """The status code a domain exception maps to (None: not a domain error, let it surface as INTERNAL).
+    A plain ValueError from the domain code is bad input: INVALID_ARGUMENT."""
+    for cls in type(exc).__mro__:
+        if cls in STATUS_OF:
+            return STATUS_OF[cls]
+    if isinstance(exc, ValueError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return None
 
 
 def abort_on_error(method: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
-    """Maps domain exceptions to gRPC status codes with the exception's message.
-
-    ValueError / KeyError (bad input, unknown session) -> INVALID_ARGUMENT,
-    OverflowError-like capacity errors (RuntimeError 'too many') -> RESOURCE_EXHAUSTED.
-    """
+    """Maps domain exceptions (``tandem.errors``, ValueError) to their gRPC status code, with the message."""
 
     @functools.wraps(method)
     async def wrapper(self, request, context: grpc.aio.ServicerContext):
         try:
             return await method(self, request, context)
-        except (ValueError, KeyError) as exc:
-            kind = type(exc).__name__
-            context.set_trailing_metadata(((ERROR_KIND_KEY, kind),))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except RuntimeError as exc:
-            if "too many" in str(exc):
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-            raise
+        except Exception as exc:
+            code = status_of(exc)
+            if code is None:
+                raise
+            await context.abort(code, str(exc))
 
     return wrapper
 
@@ -125,11 +138,6 @@ async def complete_or_undo(work: Awaitable, undo: Callable[[], object]):
         raise
 
 
-def evict_period(ttl_s: float) -> float:
-    """How often a server looks for idle sessions: a quarter of the TTL, between 0.5 s and 30 s."""
-    return min(30.0, max(0.5, ttl_s / 4))
-
-
 async def run_until_signalled(service: Service, name: str, grace: float = 5.0, port_file: str | None = None,
                               on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
     """Announces the port, waits for SIGINT/SIGTERM, then stops gracefully."""
@@ -148,3 +156,15 @@ async def run_until_signalled(service: Service, name: str, grace: float = 5.0, p
     if on_stop is not None:
         await on_stop()
     await service.stop(grace)
+
+
+async def serve_until_stopped(service: Service, name: str, args, tracing) -> int:
+    """Serves metrics (if --metrics-port), runs until SIGINT/SIGTERM, stops gracefully, flushes traces."""
+    from tandem import metrics
+
+    metrics.serve(service.metrics, args.metrics_port, args.host)
+    try:
+        await run_until_signalled(service, name, args.grace, args.port_file)
+    finally:
+        tracing.shutdown()
+    return 0

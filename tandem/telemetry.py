@@ -179,54 +179,6 @@ def record_error(span_, exc: BaseException) -> None:
         span_.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
 
-# ---- the gateway's attributes ------------------------------------------------------------------------
-def round_attributes(rnd) -> dict:
-    """Span attributes of one round, from a ``gateway.rounds.Round``."""
-    return {"tandem.round.index": rnd.index, "tandem.round.k": rnd.k, "tandem.round.proposed": rnd.proposed,
-            "tandem.round.accepted": rnd.accepted, "tandem.round.rejection_position": rnd.rejection_position,
-            "tandem.round.bonus": rnd.bonus, "tandem.round.emitted": len(rnd.tokens),
-            "tandem.round.draft_ms": rnd.draft_ms, "tandem.round.verify_ms": rnd.verify_ms,
-            "tandem.round.overhead_ms": rnd.overhead_ms, "tandem.round.round_ms": rnd.round_ms,
-            **({"tandem.round.fallback_reason": rnd.fallback_reason} if rnd.fallback_reason else {})}
-
-
-def request_attributes(stats, finish_reason: str = "") -> dict:
-    """GenAI semantic-convention usage and tandem.* figures of a finished request (``RequestStats``)."""
-    attrs = {"gen_ai.usage.input_tokens": stats.prompt_tokens, "gen_ai.usage.output_tokens": stats.new_tokens,
-             "tandem.speculative": stats.speculative, "tandem.draft_model": stats.draft_model,
-             "tandem.rounds": stats.rounds, "tandem.proposed": stats.proposed, "tandem.accepted": stats.accepted,
-             "tandem.mean_acceptance_length": stats.mean_acceptance_length,
-             "tandem.acceptance_rate": stats.acceptance_rate, "tandem.ttft_ms": stats.ttft_ms,
-             "tandem.prefill_ms": stats.prefill_ms, "tandem.draft_ms": stats.draft_ms,
-             "tandem.verify_ms": stats.verify_ms, "tandem.overhead_ms": stats.overhead_ms,
-             "tandem.tokens_per_second": stats.tokens_per_second}
-    if stats.fallback_reason:
-        attrs["tandem.fallback_reason"] = stats.fallback_reason
-    if finish_reason:
-        attrs["gen_ai.response.finish_reasons"] = (finish_reason,)
-    return attrs
-
-
-def start_request_span(params, model: str, k: int, draft_model: str):
-    """The gateway's request span (GenAI semantic conventions: ``{operation} {model}``), not current;
-    ``params`` is a ``gateway.engine.GenerateParams``. End it with ``end_request_span``."""
-    if _tracer is None:
-        return trace.INVALID_SPAN
-    operation = "chat" if params.chat else "text_completion"
-    s = params.sampling
-    attrs = {"gen_ai.operation.name": operation, "gen_ai.request.model": model,
-             "gen_ai.request.max_tokens": params.max_tokens, "gen_ai.request.temperature": s.temperature,
-             "tandem.draft_model": draft_model, "tandem.k": k, "tandem.no_speculation": params.no_speculation}
-    if s.top_p and s.top_p < 1.0:
-        attrs["gen_ai.request.top_p"] = s.top_p
-    if s.top_k:
-        attrs["gen_ai.request.top_k"] = s.top_k
-    if s.seed is not None:
-        attrs["gen_ai.request.seed"] = s.seed
-    return _tracer.start_span(f"{operation} {model}", attributes=attrs, kind=trace.SpanKind.INTERNAL)
-
-
-def end_request_span(span_, stats, finish_reason: str = "") -> None:
-    if span_.is_recording():
-        span_.set_attributes(request_attributes(stats, finish_reason))
-    span_.end()
+def tracer():
+    """The process's tracer, or None while tracing is off (for spans a service builds itself)."""
+    return _tracer

@@ -82,3 +82,15 @@ class ModelInfo:
     vocab_hash: str
     max_context: int
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """The verifier's description of its target: model info, and its tokenizer and chat template so the
+    gateway tokenizes exactly as the target does."""
+
+    model: ModelInfo
+    tokenizer_json: str = ""
+    chat_template: str = ""
+    bos_token: str = ""
+    eos_token: str = ""

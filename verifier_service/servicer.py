@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from tandem.convert import draft_from_pb, info_to_pb, sampling_from_pb
-from tandem.metrics import VerifierMetrics
+from tandem.convert import draft_from_pb, sampling_from_pb, target_info_to_pb
+from verifier_service.metrics import VerifierMetrics
 from tandem.pb import common_pb2, verifier_grpc, verifier_pb2
 from tandem.serving import abort_on_error, complete_or_undo
+from verifier_service.info import describe
 from verifier_service.target import Target
 
 
@@ -15,13 +16,7 @@ class VerifierServicer(verifier_grpc.VerifierServicer):
     def __init__(self, target: Target, metrics: VerifierMetrics | None = None):
         self.target = target
         self.metrics = metrics or VerifierMetrics(target)
-        tok = target.tokenizer
-        backend = getattr(tok, "backend_tokenizer", None) or getattr(tok, "_tokenizer", None)
-        self._info = verifier_pb2.TargetInfo(
-            model=info_to_pb(target.info),
-            tokenizer_json=backend.to_str() if backend is not None else "",
-            chat_template=tok.chat_template or "",
-            bos_token=tok.bos_token or "", eos_token=tok.eos_token or "")
+        self._info = target_info_to_pb(describe(target))
 
     async def GetInfo(self, request, context):
         return self._info

