@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from gateway.ports import DrafterUnavailable
 from gateway import tracing
+from gateway.detokenizer import IncrementalDetokenizer, skipped_ids
 from gateway.rounds import Request, generate_rounds
 from tandem.round_record import Round
 from gateway.stats import RequestStats
@@ -85,6 +87,7 @@ class Gateway:
         self.config = config
         self.target: ModelInfo = target_info.model
         self.tokenizer = build_tokenizer(target_info)
+        self._skip_ids = skipped_ids(self.tokenizer)     # what decode(skip_special_tokens=True) drops
         self.metrics = GatewayMetrics()         # Prometheus registry, served by --metrics-port
         self._drafter_info: ModelInfo | None = None
         self._drafter_down_since: float | None = None
@@ -131,6 +134,9 @@ class Gateway:
         return self.drafter
 
     def mark_drafter_down(self, reason: str) -> None:
+        if self._drafter_down_since is None:       # log the change, not every request that follows it
+            print(f"[tandem] gateway: speculation off, decoding with the target alone until the drafter is back: "
+                  f"{reason}", file=sys.stderr, flush=True)
         self._drafter_down_since = time.monotonic()
         self._drafter_info = None           # re-check compatibility when it is back (it may be another model)
         self.drafter_down_reason = reason
@@ -224,7 +230,7 @@ class Gateway:
                           eos_token_ids=frozenset() if params.ignore_eos else frozenset(self.target.eos_token_ids),
                           max_context=self.target.max_context, trace_context=telemetry.context_with(span))
         generated: list[int] = []
-        text = ""
+        detokenizer = IncrementalDetokenizer(self.tokenizer, skip_ids=self._skip_ids)   # new text only, each round
         self.metrics.active_sessions.inc()
         try:
             async for rnd in generate_rounds(request, self.verifier, drafter):
@@ -233,11 +239,10 @@ class Gateway:
                 if rnd.fallback_reason:
                     self.mark_drafter_down(rnd.fallback_reason)
                 generated.extend(rnd.tokens)
-                full = self.tokenizer.decode(generated, skip_special_tokens=True)
-                # Hold back a trailing partial UTF-8 character until the next round completes it.
-                stable = full[:-1] if full.endswith("\ufffd") else full
-                delta, text = stable[len(text):], stable if len(stable) >= len(text) else text
-                yield Step(rnd, rnd.tokens, delta)
+                yield Step(rnd, rnd.tokens, detokenizer.push(rnd.tokens))
+            tail = detokenizer.flush()        # a character the last token left incomplete (as U+FFFD)
+            if tail:
+                yield Step(rnd, (), tail)
             self.metrics.finished(stats.finish(), self.finish_reason(generated, params))
         except Exception as exc:
             telemetry.record_error(span, exc)
