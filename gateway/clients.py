@@ -1,7 +1,9 @@
 """gRPC clients for the drafter and the verifier, filling the ports the round loop uses.
 
-Every call has a deadline. Drafter failures become DrafterUnavailable (the request goes on with
-target-only decoding); a drafter that lost the session becomes DrafterLostSession (resend context).
+Every call has a deadline. Every drafter failure (any status code, a reply that does not parse) becomes
+DrafterUnavailable, naming the drafter: the request goes on with target-only decoding. NOT_FOUND from the
+drafter (restarted, evicted) becomes DrafterLostSession: resend the context. Clients decide on status
+codes, never on message text.
 """
 
 from __future__ import annotations
@@ -18,12 +20,6 @@ from tandem.convert import draft_from_pb, draft_to_pb, info_from_pb, sampling_to
 from tandem.pb import common_pb2, drafter_grpc, drafter_pb2, verifier_grpc, verifier_pb2
 from tandem.serving import CHANNEL_OPTIONS
 from tandem.types import DraftToken, ModelInfo, Proposal, SamplingParams, TargetInfo, VerifyOutcome
-
-DRAFTER_FAILURES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL,
-                    grpc.StatusCode.UNKNOWN, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED,
-                    grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAUTHENTICATED,
-                    grpc.StatusCode.PERMISSION_DENIED}
-
 
 def open_channel(address: str, interceptors: Sequence = (), security=None) -> grpc.aio.Channel:
     """A channel with TLS and the bearer token when ``security`` (default: the process's) asks for them."""
@@ -79,19 +75,24 @@ class VerifierClient:
                                                            timeout=wait_s or self.timeout_s,
                                                            wait_for_ready=wait_s is not None))
 
-    async def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams) -> tuple[int, float]:
+    async def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, token: str = "",
+                    max_draft_length: int = 0) -> tuple[int, float]:
         reply = await self.stub.StartSession(
             verifier_pb2.StartSessionRequest(session_id=session_id, prompt_ids=list(prompt_ids),
-                                             sampling=sampling_to_pb(sampling)), timeout=call_timeout(self.timeout_s))
+                                             sampling=sampling_to_pb(sampling), session_token=token,
+                                             max_draft_length=max_draft_length),
+            timeout=call_timeout(self.timeout_s))
         return reply.first_token, reply.compute_ms
 
-    async def verify(self, session_id: str, draft: Sequence[DraftToken]) -> VerifyOutcome:
-        reply = await self.stub.Verify(verifier_pb2.VerifyRequest(session_id=session_id, draft=draft_to_pb(draft)),
+    async def verify(self, session_id: str, draft: Sequence[DraftToken], token: str = "") -> VerifyOutcome:
+        reply = await self.stub.Verify(verifier_pb2.VerifyRequest(session_id=session_id, draft=draft_to_pb(draft),
+                                                                  session_token=token),
                                        timeout=call_timeout(self.timeout_s))
         return VerifyOutcome(reply.accepted, reply.next_token, reply.bonus, reply.compute_ms)
 
-    async def end(self, session_id: str) -> None:
-        await _not_past_deadline(self.stub.EndSession(common_pb2.EndSessionRequest(session_id=session_id),
+    async def end(self, session_id: str, token: str = "") -> None:
+        await _not_past_deadline(self.stub.EndSession(common_pb2.EndSessionRequest(session_id=session_id,
+                                                                                    session_token=token),
                                                       timeout=5.0))
 
     async def close(self) -> None:
@@ -110,27 +111,31 @@ class DrafterClient:
             msg = await self.stub.GetInfo(common_pb2.GetInfoRequest(), timeout=wait_s or self.timeout_s,
                                           wait_for_ready=wait_s is not None)
         except grpc.aio.AioRpcError as err:
-            raise DrafterUnavailable(f"{self.address}: {err.code().name}: {err.details()}") from err
+            raise DrafterUnavailable(f"drafter {self.address}: {err.code().name}: {err.details()}") from err
+        except Exception as exc:                      # noqa: BLE001 - a reply that does not parse
+            raise DrafterUnavailable(f"drafter {self.address}: unusable GetInfo reply ({exc!r})") from exc
         return info_from_pb(msg)
 
     async def propose(self, session_id: str, prefix_length: int, appended_tokens: Sequence[int], k: int,
-                      sampling: SamplingParams, min_confidence: float = 0.0) -> Proposal:
+                      sampling: SamplingParams, min_confidence: float = 0.0, token: str = "") -> Proposal:
         request = drafter_pb2.ProposeRequest(session_id=session_id, prefix_length=prefix_length,
                                              appended_tokens=list(appended_tokens), k=k,
-                                             sampling=sampling_to_pb(sampling), min_confidence=min_confidence)
+                                             sampling=sampling_to_pb(sampling), min_confidence=min_confidence,
+                                             session_token=token)
         try:
             reply = await self.stub.Propose(request, timeout=call_timeout(self.timeout_s))
+            return Proposal(tuple(draft_from_pb(reply.tokens)), reply.compute_ms)
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.NOT_FOUND:            # restarted or evicted: resend the context
                 raise DrafterLostSession(err.details()) from err
-            if err.code() in DRAFTER_FAILURES:
-                raise DrafterUnavailable(f"{self.address}: {err.code().name}: {err.details()}") from err
-            raise
-        return Proposal(tuple(draft_from_pb(reply.tokens)), reply.compute_ms)
+            raise DrafterUnavailable(f"drafter {self.address}: {err.code().name}: {err.details()}") from err
+        except Exception as exc:                      # noqa: BLE001 - a reply that does not parse
+            raise DrafterUnavailable(f"drafter {self.address}: unusable Propose reply ({exc!r})") from exc
 
-    async def end(self, session_id: str) -> None:
+    async def end(self, session_id: str, token: str = "") -> None:
         try:
-            await _not_past_deadline(self.stub.EndSession(common_pb2.EndSessionRequest(session_id=session_id),
+            await _not_past_deadline(self.stub.EndSession(common_pb2.EndSessionRequest(session_id=session_id,
+                                                                                        session_token=token),
                                                           timeout=2.0))
         except (grpc.aio.AioRpcError, TimeoutError):
             pass  # a dead drafter holds no sessions worth freeing

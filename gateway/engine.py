@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import sys
 import time
+import secrets
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from gateway.ports import DrafterUnavailable
 from gateway import tracing
 from gateway.detokenizer import IncrementalDetokenizer, skipped_ids
+from gateway.draft_length import AcceptanceEstimator, CostModel, DraftLengthPolicy
 from gateway.rounds import Request, generate_rounds
 from tandem.round_record import Round
 from gateway.stats import RequestStats
@@ -40,7 +42,7 @@ class GenerateParams:
     chat: bool = False
     max_tokens: int = 128
     sampling: SamplingParams = SamplingParams()
-    draft_length: int = 0           # 0: the gateway's default
+    draft_length: int = 0           # 0: the gateway's default (auto unless it pins one); N: pinned to N
     no_speculation: bool = False
     ignore_eos: bool = False
     draft_confidence: float | None = None   # None: the gateway's default; 0: always draft_length tokens
@@ -57,9 +59,10 @@ class Step:
 
 @dataclass
 class GatewayConfig:
-    draft_length: int = 2
+    draft_length: int = 0                 # 0: auto (chosen every round from measured costs); N: always N
+    auto_max_draft_length: int = 8        # the longest block auto drafts
     draft_confidence: float = 0.0         # adaptive draft length: the drafter stops below this top probability
-    max_draft_length: int = 32
+    max_draft_length: int = 32            # the longest block a request may pin
     max_tokens_limit: int = 4096
     no_speculation: bool = False          # gateway-wide default
     drafter_retry_s: float = 1.0          # first wait before probing a failed drafter again (then doubling)
@@ -88,6 +91,12 @@ class Gateway:
         self.target: ModelInfo = target_info.model
         self.tokenizer = build_tokenizer(target_info)
         self._skip_ids = skipped_ids(self.tokenizer)     # what decode(skip_special_tokens=True) drops
+        # What the draft-length choice learns (gateway.draft_length): costs of this verifier + drafter pair,
+        # seeded from the verifier's start-up profile; acceptance gateway-wide, greedy and sampled apart.
+        self.cost = CostModel()
+        if target_info.verify_ms_by_width:
+            self.cost.seed(target_info.verify_ms_by_width)
+        self.acceptance = {True: AcceptanceEstimator(alpha=0.02), False: AcceptanceEstimator(alpha=0.02)}
         self.metrics = GatewayMetrics()         # Prometheus registry, served by --metrics-port
         self._drafter_info: ModelInfo | None = None
         self._drafter_down_since: float | None = None
@@ -198,10 +207,21 @@ class Gateway:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens, longer than the target's context of "
                              f"{self.target.max_context} tokens")
         if not 0 <= params.draft_length <= self.config.max_draft_length:
-            raise ValueError(f"draft_length must be between 0 (default) and {self.config.max_draft_length}")
+            raise ValueError(f"draft_length must be between 0 (auto) and {self.config.max_draft_length}")
         if params.draft_confidence is not None and not 0.0 <= params.draft_confidence < 1.0:
             raise ValueError(f"draft_confidence must be in [0, 1), got {params.draft_confidence}")
+        bad = [i for i in prompt_ids if not 0 <= i < self.target.vocab_size]
+        if bad and self.target.vocab_size:
+            raise ValueError(f"prompt_ids has ids outside the vocabulary of the target [0, {self.target.vocab_size}): "
+                             f"{bad[:5]}")
         return params.draft_length or self.config.draft_length
+
+    def draft_length_policy(self, pinned: int, sampling: SamplingParams) -> DraftLengthPolicy:
+        """The request's draft-length choice: ``pinned`` k > 0 always drafts k; 0 chooses every round from the
+        gateway's measured costs and this session's acceptance (starting from the gateway-wide figures)."""
+        prior = self.acceptance[sampling.greedy]
+        return DraftLengthPolicy(self.cost, AcceptanceEstimator(prior=prior), pinned=pinned or None,
+                                 k_cap=self.config.auto_max_draft_length)
 
     def draft_confidence(self, params: GenerateParams) -> float:
         """The confidence stop of a request: its own value, else the gateway's default."""
@@ -211,7 +231,8 @@ class Gateway:
         """Runs one request; yields a Step per round (the prefill first). Frees both sessions at the end,
         also when the client goes away (the generator is closed / cancelled)."""
         prompt_ids = self.prompt_ids(params)
-        k = self.validate(params, prompt_ids)
+        pinned = self.validate(params, prompt_ids)          # 0: auto
+        k = pinned or self.config.auto_max_draft_length     # the most a round may draft
         speculate = not (params.no_speculation or self.config.no_speculation)
         drafter = await self.usable_drafter() if speculate else None
         stats.prompt_tokens = len(prompt_ids)
@@ -223,7 +244,9 @@ class Gateway:
         # Not made current: it lives across this generator's yields. Prefill and rounds get it as parent.
         span = tracing.start_request_span(params, self.target.model_name, k if drafter is not None else 0,
                                             stats.draft_model)
-        request = Request(session_id=uuid.uuid4().hex, prompt_ids=tuple(prompt_ids),
+        request = Request(session_id=uuid.uuid4().hex, verifier_token=secrets.token_hex(16),
+                          drafter_token=secrets.token_hex(16), vocab_size=self.target.vocab_size,
+                          prompt_ids=tuple(prompt_ids),
                           max_tokens=min(params.max_tokens, self.target.max_context - len(prompt_ids)),
                           sampling=params.sampling, k=k if drafter is not None else 0,
                           min_confidence=self.draft_confidence(params),
@@ -233,7 +256,8 @@ class Gateway:
         detokenizer = IncrementalDetokenizer(self.tokenizer, skip_ids=self._skip_ids)   # new text only, each round
         self.metrics.active_sessions.inc()
         try:
-            async for rnd in generate_rounds(request, self.verifier, drafter):
+            policy = self.draft_length_policy(pinned, params.sampling) if drafter is not None else None
+            async for rnd in generate_rounds(request, self.verifier, drafter, policy):
                 stats.add(rnd)
                 self.metrics.round(rnd, stats)
                 if rnd.fallback_reason:
@@ -249,17 +273,17 @@ class Gateway:
             raise
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._end_sessions(request.session_id, drafter))
+                await asyncio.shield(self._end_sessions(request, drafter))
             stats.finish()
             self.metrics.active_sessions.dec()
             tracing.end_request_span(span, stats, self.finish_reason(generated, params))
 
-    async def _end_sessions(self, session_id: str, drafter) -> None:
-        ends = [self.verifier.end(session_id)]
+    async def _end_sessions(self, request: Request, drafter) -> None:
+        ends = [self.verifier.end(request.session_id, request.verifier_token)]
         if drafter is not None and self.drafter_healthy:
-            ends.append(drafter.end(session_id))
+            ends.append(drafter.end(request.session_id, request.drafter_token))
         elif drafter is not None:           # a drafter that failed must not delay the reply: try in the background
-            task = asyncio.ensure_future(drafter.end(session_id))
+            task = asyncio.ensure_future(drafter.end(request.session_id, request.drafter_token))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
         await asyncio.gather(*ends, return_exceptions=True)

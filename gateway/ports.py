@@ -25,15 +25,17 @@ class DrafterPort(Protocol):
         """The drafter's model info; ``wait_s``: wait that long for it to become reachable."""
 
     async def propose(self, session_id: str, prefix_length: int, appended_tokens: Sequence[int], k: int,
-                      sampling: SamplingParams, min_confidence: float = 0.0) -> Proposal:
-        """Up to k draft tokens (exactly k when ``min_confidence`` is 0)."""
+                      sampling: SamplingParams, min_confidence: float = 0.0, token: str = "") -> Proposal:
+        """Up to k draft tokens (exactly k when ``min_confidence`` is 0). ``token``: the session's secret."""
 
-    async def end(self, session_id: str) -> None: ...
+    async def end(self, session_id: str, token: str = "") -> None: ...
 
 
 class VerifierPort(Protocol):
-    async def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams) -> tuple[int, float]: ...
+    async def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, token: str = "",
+                    max_draft_length: int = 0) -> tuple[int, float]:
+        """Prefills; ``token`` is the session's secret, ``max_draft_length`` the longest block it will send."""
 
-    async def verify(self, session_id: str, draft: Sequence[DraftToken]) -> VerifyOutcome: ...
+    async def verify(self, session_id: str, draft: Sequence[DraftToken], token: str = "") -> VerifyOutcome: ...
 
-    async def end(self, session_id: str) -> None: ...
+    async def end(self, session_id: str, token: str = "") -> None: ...

@@ -41,13 +41,14 @@ def info_to_pb(info: ModelInfo) -> common_pb2.ModelInfo:
 
 
 def target_info_from_pb(msg: verifier_pb2.TargetInfo) -> TargetInfo:
-    return TargetInfo(info_from_pb(msg.model), msg.tokenizer_json, msg.chat_template, msg.bos_token, msg.eos_token)
+    return TargetInfo(info_from_pb(msg.model), msg.tokenizer_json, msg.chat_template, msg.bos_token, msg.eos_token,
+                      dict(msg.verify_ms_by_width))
 
 
 def target_info_to_pb(info: TargetInfo) -> verifier_pb2.TargetInfo:
     return verifier_pb2.TargetInfo(model=info_to_pb(info.model), tokenizer_json=info.tokenizer_json,
                                    chat_template=info.chat_template, bos_token=info.bos_token,
-                                   eos_token=info.eos_token)
+                                   eos_token=info.eos_token, verify_ms_by_width=info.verify_ms_by_width)
 
 
 def round_to_pb(rnd: Round) -> gateway_pb2.RoundStats:

@@ -1,7 +1,9 @@
 """Where the default drafter comes from.
 
 1. The drafter distilled for the default target and shipped in this repository
-   (``drafters/smollm2-135m-instruct/``, made by ``tandem distill``; see its README.md).
+   (``drafters/smollm2-135m-instruct/``, made by ``tandem distill``; see its README.md). A checkout or
+   editable install uses that folder in place; a wheel / non-editable install carries it as package data
+   in ``drafter_service/drafters/`` (setup.py's build hook copies it there).
 2. Otherwise the default target itself exported to ONNX into the user cache (acceptance near 100 %
    when greedy: an end-to-end check, not a speedup). Exporting needs torch, so it happens on first
    use on a machine that has it; a drafter-only machine is told how to get a drafter.
@@ -15,7 +17,21 @@ from pathlib import Path
 
 from tandem.pb import PACKAGE_ROOT
 
-SHIPPED_DRAFTER = PACKAGE_ROOT / "drafters" / "smollm2-135m-instruct"
+SHIPPED_NAME = "smollm2-135m-instruct"
+# Where the shipped drafters live: the checkout's drafters/ first, then the installed package data.
+DRAFTER_DIRS = (PACKAGE_ROOT / "drafters", PACKAGE_ROOT / "drafter_service" / "drafters")
+
+
+def shipped_drafter(name: str = SHIPPED_NAME) -> Path:
+    """The shipped drafter ``name``: in the checkout's drafters/, else in the installed package data
+    (the first that holds model.onnx; the checkout's path when neither does)."""
+    for base in DRAFTER_DIRS:
+        if (base / name / "model.onnx").exists():
+            return base / name
+    return DRAFTER_DIRS[0] / name
+
+
+SHIPPED_DRAFTER = shipped_drafter()
 CACHE_DIR = Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem"))
 SELF_DRAFTER = CACHE_DIR / "drafters" / "smollm2-135m-instruct-self"
 

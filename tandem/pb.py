@@ -1,8 +1,17 @@
 """Protobuf / gRPC stubs for the contracts in ``protos/``.
 
-Stubs are generated from the ``.proto`` files at first use (or by ``tandem gen-protos``) into
-``tandem/v1/`` and never committed. They are regenerated whenever a ``.proto`` file is newer
-than its stub. Only servicers and clients import this module: domain code never sees protobuf.
+The stubs (``tandem/v1/*_pb2.py``, ``*_pb2_grpc.py``) are generated, never committed and never made
+at import time:
+
+* a wheel or a non-editable ``pip install .`` generates them at build time (``setup.py``'s
+  ``build_py`` calls :func:`generate` on the build tree), so an installed package carries them;
+* a checkout / editable install generates them with ``tandem gen-protos`` (or ``python -m tandem.pb``),
+  which ``deploy/setup.sh`` and ``.ci/run`` run.
+
+Importing this module never runs protoc. The stub names (``pb``, ``rpc``, ``drafter_pb2``, ...) load on
+first use (``from tandem.pb import drafter_pb2``); when the stubs are missing or unusable that import
+raises ImportError naming the fix. ``generate``, ``PACKAGE_ROOT`` and the ``gen-protos`` command work
+without stubs. Only servicers and clients import the stubs: domain code never sees protobuf.
 
     from tandem.pb import pb, rpc      # pb.drafter_pb2.Proposal, rpc.drafter_pb2_grpc.DrafterStub
 """
@@ -13,72 +22,138 @@ import importlib
 import os
 import sys
 import threading
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent          # holds tandem/ (and protos/ in a checkout)
 PROTO_ROOT = Path(os.environ.get("TANDEM_PROTO_ROOT", PACKAGE_ROOT / "protos"))
 PROTO_NAMES = ("common", "drafter", "verifier", "gateway")
-_lock = threading.Lock()
+STUB_DIR = PACKAGE_ROOT / "tandem" / "v1"
+FIX = ("generate them with `tandem gen-protos` (or `python -m tandem.pb`) in a checkout, "
+       "or reinstall the package (`pip install .` builds them)")
+_STUB_NAMES = ("pb", "rpc", "common_pb2", "drafter_pb2", "verifier_pb2", "gateway_pb2",
+               "drafter_grpc", "verifier_grpc", "gateway_grpc")
+_lock = threading.RLock()
 
 
-def _stale() -> bool:
-    out = PACKAGE_ROOT / "tandem" / "v1"
-    for name in PROTO_NAMES:
-        src = PROTO_ROOT / "tandem" / "v1" / f"{name}.proto"
-        for stub in (out / f"{name}_pb2.py", out / f"{name}_pb2_grpc.py"):
-            if not stub.exists() or (src.exists() and src.stat().st_mtime > stub.stat().st_mtime):
-                return True
-    return False
+def stub_files(out: Path = STUB_DIR) -> list[Path]:
+    return [out / f"{name}{suffix}.py" for name in PROTO_NAMES for suffix in ("_pb2", "_pb2_grpc")]
 
 
-def generate(force: bool = False) -> Path:
-    """Runs grpc_tools.protoc over protos/tandem/v1/*.proto into tandem/v1/. Returns the output dir."""
-    out = PACKAGE_ROOT / "tandem" / "v1"
+def stale(proto_root: Path = PROTO_ROOT, out: Path = STUB_DIR) -> list[Path]:
+    """Stubs that are missing, or older than their .proto (when the .proto files are here, i.e. a checkout)."""
+    bad = []
+    for stub in stub_files(out):
+        src = proto_root / "tandem" / "v1" / f"{stub.stem.split('_pb2')[0]}.proto"
+        if not stub.exists() or (src.exists() and src.stat().st_mtime > stub.stat().st_mtime):
+            bad.append(stub)
+    return bad
+
+
+def generate(force: bool = False, proto_root: Path | str | None = None, out_root: Path | str | None = None) -> Path:
+    """Runs grpc_tools.protoc over ``proto_root/tandem/v1/*.proto`` into ``out_root/tandem/v1/``.
+
+    Defaults: the checkout's protos/ and this package's root. Without ``force`` it does nothing when
+    the stubs are newer than the .proto files. Returns the output folder. Used by ``tandem gen-protos``
+    and by the build hook in setup.py (which passes the build tree as ``out_root``).
+    """
+    proto_root = Path(proto_root) if proto_root is not None else PROTO_ROOT
+    out_root = Path(out_root) if out_root is not None else PACKAGE_ROOT
+    out = out_root / "tandem" / "v1"
     with _lock:
-        if not force and not _stale():
+        if not force and not stale(proto_root, out) and (out / "__init__.py").exists():
             return out
         try:
+            import grpc_tools
             from grpc_tools import protoc
         except ImportError as exc:  # pragma: no cover - dependency error path
             raise RuntimeError("grpcio-tools is needed to generate the gRPC stubs: pip install grpcio-tools") from exc
-        import grpc_tools
 
-        sources = [str(PROTO_ROOT / "tandem" / "v1" / f"{n}.proto") for n in PROTO_NAMES]
+        sources = [str(proto_root / "tandem" / "v1" / f"{n}.proto") for n in PROTO_NAMES]
         missing = [s for s in sources if not Path(s).exists()]
         if missing:
-            raise RuntimeError(f"proto files not found: {missing} (set TANDEM_PROTO_ROOT to the protos/ folder)")
+            raise RuntimeError(f"proto files not found: {missing} (run from a checkout, or set TANDEM_PROTO_ROOT "
+                               "to the protos/ folder)")
         out.mkdir(parents=True, exist_ok=True)
         well_known = Path(grpc_tools.__file__).parent / "_proto"
-        args = ["grpc_tools.protoc", f"-I{PROTO_ROOT}", f"-I{well_known}",
-                f"--python_out={PACKAGE_ROOT}", f"--grpc_python_out={PACKAGE_ROOT}", *sources]
+        args = ["grpc_tools.protoc", f"-I{proto_root}", f"-I{well_known}",
+                f"--python_out={out_root}", f"--grpc_python_out={out_root}", *sources]
         if protoc.main(args) != 0:
             raise RuntimeError("protoc failed on " + " ".join(sources))
-        (out / "__init__.py").write_text("# generated by tandem.pb; do not edit, do not commit\n")
+        (out / "__init__.py").write_text("# generated by tandem.pb (tandem gen-protos); do not edit, do not commit\n")
+    importlib.invalidate_caches()
     return out
 
 
-def _load() -> tuple[SimpleNamespace, SimpleNamespace]:
-    generate()
-    importlib.invalidate_caches()
+def _load() -> None:
+    """Imports the generated stubs into this module's namespace, or raises ImportError naming the fix."""
+    missing = [p.name for p in stub_files() if not p.exists()]
+    if missing or not (STUB_DIR / "__init__.py").exists():
+        raise ImportError(f"the gRPC stubs are missing from {STUB_DIR} ({', '.join(missing) or '__init__.py'}): {FIX}",
+                          name=__name__)
+    if stale():
+        warnings.warn(f"the gRPC stubs in {STUB_DIR} are older than {PROTO_ROOT}: run `tandem gen-protos`",
+                      stacklevel=3)
     msgs, stubs = {}, {}
-    for name in PROTO_NAMES:
-        msgs[f"{name}_pb2"] = importlib.import_module(f"tandem.v1.{name}_pb2")
-        stubs[f"{name}_pb2_grpc"] = importlib.import_module(f"tandem.v1.{name}_pb2_grpc")
-    return SimpleNamespace(**msgs), SimpleNamespace(**stubs)
+    try:
+        for name in PROTO_NAMES:
+            msgs[f"{name}_pb2"] = importlib.import_module(f"tandem.v1.{name}_pb2")
+            stubs[f"{name}_pb2_grpc"] = importlib.import_module(f"tandem.v1.{name}_pb2_grpc")
+    except Exception as exc:  # e.g. gencode newer than the installed protobuf / grpcio runtime
+        raise ImportError(f"the gRPC stubs in {STUB_DIR} do not load ({type(exc).__name__}: {exc}): {FIX}",
+                          name=__name__) from exc
+    pb, rpc = SimpleNamespace(**msgs), SimpleNamespace(**stubs)
+    globals().update(
+        pb=pb, rpc=rpc,
+        common_pb2=pb.common_pb2, drafter_pb2=pb.drafter_pb2, verifier_pb2=pb.verifier_pb2,
+        gateway_pb2=pb.gateway_pb2,
+        drafter_grpc=rpc.drafter_pb2_grpc, verifier_grpc=rpc.verifier_pb2_grpc, gateway_grpc=rpc.gateway_pb2_grpc)
 
 
-pb, rpc = _load()
-common_pb2 = pb.common_pb2
-drafter_pb2 = pb.drafter_pb2
-verifier_pb2 = pb.verifier_pb2
-gateway_pb2 = pb.gateway_pb2
-drafter_grpc = rpc.drafter_pb2_grpc
-verifier_grpc = rpc.verifier_pb2_grpc
-gateway_grpc = rpc.gateway_pb2_grpc
+def __getattr__(name: str):
+    """PEP 562: the stub names load on first use, so ``generate`` and the command need no stubs."""
+    if name in _STUB_NAMES:
+        with _lock:
+            if name not in globals():
+                _load()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["pb", "rpc", "generate", "common_pb2", "drafter_pb2", "verifier_pb2", "gateway_pb2",
-           "drafter_grpc", "verifier_grpc", "gateway_grpc"]
 
-if __name__ == "__main__":  # pragma: no cover
-    print(generate(force="--force" in sys.argv))
+# ---- tandem gen-protos ---------------------------------------------------------------------------------
+def configure(p) -> None:
+    p.add_argument("--force", action="store_true", help="regenerate even when the stubs look up to date")
+    p.add_argument("--check", action="store_true",
+                   help="generate nothing: exit 1 if the stubs are missing or older than the .proto files")
+    p.add_argument("--proto-root", default=None, help=f"folder holding tandem/v1/*.proto [default {PROTO_ROOT}]")
+    p.add_argument("--out-root", default=None,
+                   help=f"write the stubs to OUT_ROOT/tandem/v1/ [default {PACKAGE_ROOT}]")
+
+
+def run(args) -> int:
+    if args.check:
+        bad = stale(Path(args.proto_root) if args.proto_root else PROTO_ROOT,
+                    (Path(args.out_root) if args.out_root else PACKAGE_ROOT) / "tandem" / "v1")
+        if bad:
+            print(f"stale or missing gRPC stubs: {', '.join(str(b) for b in bad)}; run `tandem gen-protos`",
+                  file=sys.stderr)
+            return 1
+        return 0
+    try:
+        print(generate(force=args.force, proto_root=args.proto_root, out_root=args.out_root))
+    except RuntimeError as exc:
+        print(f"tandem gen-protos: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+__all__ = ["pb", "rpc", "generate", "stale", "common_pb2", "drafter_pb2", "verifier_pb2", "gateway_pb2",
+           "drafter_grpc", "verifier_grpc", "gateway_grpc", "PACKAGE_ROOT", "PROTO_ROOT"]
+
+if __name__ == "__main__":  # pragma: no cover  (python -m tandem.pb [--force] [--check] ...)
+    import argparse
+
+    _parser = argparse.ArgumentParser(prog="python -m tandem.pb", description="generate the gRPC stubs")
+    configure(_parser)
+    sys.exit(run(_parser.parse_args()))

@@ -34,8 +34,12 @@ class Round:
     verify_ms: float = figure(0.0, "verify ms", 9, ".1f")  # verifier's own compute (target forward + acceptance)
     overhead_ms: float = figure(0.0, "network ms", 10, ".1f")  # round wall time minus both servers' compute
     round_ms: float = figure(0.0, "round ms", 9, ".1f")    # wall time of the round as seen by the gateway
+    k_reason: str = figure("", "why k", 10)            # the draft-length choice: best, probe, pinned, ...
+    expected_tokens: float = figure(0.0, "E[tok]", 6, ".2f")          # what the choice expected to emit
+    expected_tokens_per_ms: float = figure(0.0, "E[tok/s]", 8, ".1f")  # ... per ms (the table shows per s)
     fallback_reason: str = figure("", "", 0, table=False)  # set on the round where speculation was abandoned
     tokens: tuple[int, ...] = field(default=(), metadata={})   # the emitted ids (not a figure)
+    origins: tuple[str, ...] = field(default=(), metadata={})  # per emitted token: draft, lookup or target
 
     @classmethod
     def measured(cls, *, round_ms: float, draft_ms: float, verify_ms: float, **figures) -> "Round":
@@ -59,6 +63,10 @@ def _cell(rnd: Round, name: str, fmt: str) -> str:
     if name == "bonus":
         return "yes" if value else ""
     if name == "lookup_tokens" and not value:
+        return ""
+    if name == "expected_tokens_per_ms":
+        return format(value * 1e3, fmt) if value else ""
+    if name == "expected_tokens" and not value:
         return ""
     return format(value, fmt)
 

@@ -80,6 +80,56 @@ def abort_on_error(method: Callable[..., Awaitable]) -> Callable[..., Awaitable]
     return wrapper
 
 
+class Malformed:
+    """What a request that does not parse (bad protobuf, invalid UTF-8 in a string) deserializes to, so the
+    servicer can answer INVALID_ARGUMENT instead of grpc's UNKNOWN."""
+
+    def __init__(self, method: str, error: Exception):
+        self.method, self.error = method, error
+
+
+def _lenient(parse: Callable[[bytes], object], method: str) -> Callable[[bytes], object]:
+    def deserialize(data: bytes):
+        try:
+            return parse(data)
+        except Exception as exc:      # noqa: BLE001 - DecodeError, UnicodeDecodeError, RuntimeWarning...
+            return Malformed(method, exc)
+    return deserialize
+
+
+def _refuse_malformed(behaviour, method: str, streaming: bool):
+    async def unary(request, context):
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the request does not parse as "
+                                f"protobuf ({type(request.error).__name__}: {request.error})")
+        return await behaviour(request, context)
+
+    async def stream(request, context):
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the request does not parse as "
+                                f"protobuf ({type(request.error).__name__}: {request.error})")
+        async for reply in behaviour(request, context):
+            yield reply
+
+    return stream if streaming else unary
+
+
+def add_servicer(server: grpc.aio.Server, servicer, service) -> None:
+    """Registers ``servicer``'s methods for the protobuf ``service`` descriptor (what the generated
+    ``add_*Servicer_to_server`` does), with requests that do not parse answered INVALID_ARGUMENT."""
+    from google.protobuf import message_factory
+
+    handlers = {}
+    for m in service.methods:
+        request_cls = message_factory.GetMessageClass(m.input_type)
+        reply_cls = message_factory.GetMessageClass(m.output_type)
+        make = grpc.unary_stream_rpc_method_handler if m.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[m.name] = make(_refuse_malformed(getattr(servicer, m.name), m.full_name, m.server_streaming),
+                                request_deserializer=_lenient(request_cls.FromString, m.full_name),
+                                response_serializer=reply_cls.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
 class Service:
     """A started aio server. ``port`` is the bound port (useful with port 0)."""
 
@@ -158,13 +208,15 @@ async def run_until_signalled(service: Service, name: str, grace: float = 5.0, p
     await service.stop(grace)
 
 
-async def serve_until_stopped(service: Service, name: str, args, tracing) -> int:
-    """Serves metrics (if --metrics-port), runs until SIGINT/SIGTERM, stops gracefully, flushes traces."""
+async def serve_until_stopped(service: Service, name: str, args, tracing,
+                              on_stop: Callable[[], Awaitable[None]] | None = None) -> int:
+    """Serves metrics (if --metrics-port), runs until SIGINT/SIGTERM, stops gracefully (``on_stop`` first),
+    flushes traces."""
     from tandem import metrics
 
     metrics.serve(service.metrics, args.metrics_port, args.host)
     try:
-        await run_until_signalled(service, name, args.grace, args.port_file)
+        await run_until_signalled(service, name, args.grace, args.port_file, on_stop)
     finally:
         tracing.shutdown()
     return 0

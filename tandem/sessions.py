@@ -1,5 +1,11 @@
 """The one session store of the drafter and the verifier: per-session state with idle eviction (TTL),
-a capacity, size accounting, and the eviction loop both servers run.
+a capacity, an owner per session, size accounting, and the eviction loop both servers run.
+
+Ownership: the call that creates a session gives its secret (``owner``, the wire's ``session_token``);
+every later call must give the same one, or it is refused (NotSessionOwner) and the session is left
+as it was. Capacity: when the store is full, idle sessions past the TTL go first, then the session
+idle the longest if it has been idle for ``pressure_idle_s`` (a flood of sessions nobody uses cannot
+lock out a client that is generating); only a store full of busy sessions refuses a new one.
 
 Every access refreshes a session's idle clock. The store's lock guards the mapping only: callers
 serialise work on one session themselves (e.g. with a lock held by the state object). The clock is
@@ -10,14 +16,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import threading
 import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from tandem.errors import CapacityExceeded, SessionExists, UnknownSession
+from tandem.errors import CapacityExceeded, InvalidInput, NotSessionOwner, SessionExists, UnknownSession
 
 T = TypeVar("T")
+
+MAX_SESSION_ID_LENGTH = 128      # a uuid4 hex is 32; longer ids are refused (INVALID_ARGUMENT)
+MAX_SESSION_TOKEN_LENGTH = 128
+
+
+def check_session_id(session_id: str, token: str = "") -> None:
+    """Raises InvalidInput for an empty or oversized session id or secret."""
+    if not session_id:
+        raise InvalidInput("session_id must not be empty")
+    if len(session_id) > MAX_SESSION_ID_LENGTH:
+        raise InvalidInput(f"session_id is {len(session_id)} characters long; the limit is {MAX_SESSION_ID_LENGTH}")
+    if len(token) > MAX_SESSION_TOKEN_LENGTH:
+        raise InvalidInput(f"session_token is {len(token)} characters long; the limit is {MAX_SESSION_TOKEN_LENGTH}")
 
 
 def _nbytes(obj) -> int:
@@ -33,27 +53,37 @@ class SessionStore(Generic[T]):
     """
 
     def __init__(self, ttl_s: float = 600.0, *, max_sessions: int | None = None, what: str = "session",
-                 size_of: Callable[[T], int] = _nbytes, clock: Callable[[], float] = time.monotonic):
+                 size_of: Callable[[T], int] = _nbytes, clock: Callable[[], float] = time.monotonic,
+                 pressure_idle_s: float = 5.0):
         self.ttl_s = float(ttl_s)
         self.max_sessions = max_sessions
+        self.pressure_idle_s = float(pressure_idle_s)
         self.what = what                    # "drafter session", "verifier session": named in messages
         self._size_of = size_of
         self._clock = clock
         self._lock = threading.Lock()
-        self._items: dict[str, tuple[T, float]] = {}
+        self._items: dict[str, tuple[T, float, str]] = {}     # id -> (state, last used, owner)
 
-    def get(self, session_id: str) -> T | None:
+    def _owned_locked(self, session_id: str, owner: str | None):
+        """The entry (refreshed), None if unknown; NotSessionOwner if ``owner`` (None: not checked) differs."""
+        entry = self._items.get(session_id)
+        if entry is None:
+            return None
+        if owner is not None and not hmac.compare_digest(entry[2].encode(), owner.encode()):
+            raise NotSessionOwner(f"{self.what} {_short(session_id)} belongs to another caller (wrong "
+                                  "session_token)")
+        self._items[session_id] = (entry[0], self._clock(), entry[2])
+        return entry
+
+    def get(self, session_id: str, owner: str | None = None) -> T | None:
         """The session's state (refreshing its idle clock), or None if unknown."""
         with self._lock:
-            entry = self._items.get(session_id)
-            if entry is None:
-                return None
-            self._items[session_id] = (entry[0], self._clock())
-            return entry[0]
+            entry = self._owned_locked(session_id, owner)
+            return None if entry is None else entry[0]
 
-    def require(self, session_id: str) -> T:
-        """The session's state; raises UnknownSession when there is none."""
-        obj = self.get(session_id)
+    def require(self, session_id: str, owner: str | None = None) -> T:
+        """The session's state; raises UnknownSession when there is none, NotSessionOwner for a wrong owner."""
+        obj = self.get(session_id, owner)
         if obj is None:
             raise UnknownSession(f"unknown {self.what} {_short(session_id)} (never started, already ended, or "
                                  "evicted after being idle)")
@@ -62,46 +92,49 @@ class SessionStore(Generic[T]):
     def _check_capacity_locked(self, now: float) -> None:
         if self.max_sessions is not None and len(self._items) >= self.max_sessions:
             self._evict_locked(now)
+            if len(self._items) >= self.max_sessions:       # full of live sessions: the longest idle one goes
+                sid, (_, last, _) = min(self._items.items(), key=lambda kv: kv[1][1])
+                if now - last >= self.pressure_idle_s:
+                    del self._items[sid]
             if len(self._items) >= self.max_sessions:
                 raise CapacityExceeded(f"too many open {self.what}s ({len(self._items)}, limit "
                                        f"{self.max_sessions}); end some, wait for idle ones to expire, or raise "
                                        "--max-sessions")
 
-    def get_or_create(self, session_id: str, factory: Callable[[], T]) -> tuple[T, bool]:
-        """(state, created): the existing state, or a new one from ``factory()``."""
+    def get_or_create(self, session_id: str, factory: Callable[[], T], owner: str | None = None) -> tuple[T, bool]:
+        """(state, created): the existing state (its owner checked), or a new one from ``factory()`` owned by
+        ``owner``."""
         with self._lock:
-            now = self._clock()
-            entry = self._items.get(session_id)
+            entry = self._owned_locked(session_id, owner)
             if entry is not None:
-                self._items[session_id] = (entry[0], now)
                 return entry[0], False
+            now = self._clock()
             self._check_capacity_locked(now)
             obj = factory()
-            self._items[session_id] = (obj, now)
+            self._items[session_id] = (obj, now, owner or "")
             return obj, True
 
-    def add(self, session_id: str, obj: T, *, replace: bool = False) -> None:
-        """Stores a new session; SessionExists if the id is open (unless ``replace``), CapacityExceeded if full."""
+    def add(self, session_id: str, obj: T, owner: str = "") -> None:
+        """Stores a new session owned by ``owner``; SessionExists if the id is open, CapacityExceeded if full."""
         with self._lock:
             now = self._clock()
             if session_id in self._items:
-                if not replace:
-                    raise SessionExists(f"{self.what} {_short(session_id)} is already open")
-            else:
-                self._check_capacity_locked(now)
-            self._items[session_id] = (obj, now)
+                raise SessionExists(f"{self.what} {_short(session_id)} is already open; end it first or use a new "
+                                    "session_id")
+            self._check_capacity_locked(now)
+            self._items[session_id] = (obj, now, owner)
 
     def touch(self, session_id: str) -> None:
         with self._lock:
-            entry = self._items.get(session_id)
-            if entry is not None:
-                self._items[session_id] = (entry[0], self._clock())
+            self._owned_locked(session_id, None)
 
-    def pop(self, session_id: str) -> T | None:
-        """Removes and returns a session's state (None if unknown)."""
+    def pop(self, session_id: str, owner: str | None = None) -> T | None:
+        """Removes and returns a session's state (None if unknown); NotSessionOwner (nothing removed) for a wrong
+        owner."""
         with self._lock:
-            entry = self._items.pop(session_id, None)
-            return None if entry is None else entry[0]
+            if self._owned_locked(session_id, owner) is None:
+                return None
+            return self._items.pop(session_id)[0]
 
     def evict_idle(self, now: float | None = None) -> list[str]:
         """Drops sessions idle for more than ``ttl_s`` (at time ``now``, default the clock); returns their ids."""
@@ -109,7 +142,7 @@ class SessionStore(Generic[T]):
             return self._evict_locked(self._clock() if now is None else now)
 
     def _evict_locked(self, now: float) -> list[str]:
-        gone = [sid for sid, (_, last) in self._items.items() if now - last > self.ttl_s]
+        gone = [sid for sid, (_, last, _) in self._items.items() if now - last > self.ttl_s]
         for sid in gone:
             del self._items[sid]
         return gone
@@ -126,7 +159,7 @@ class SessionStore(Generic[T]):
 
     def values(self) -> list[T]:
         with self._lock:
-            return [obj for obj, _ in self._items.values()]
+            return [entry[0] for entry in self._items.values()]
 
     def total_bytes(self) -> int:
         """Sum of ``size_of`` over all sessions (the KV cache bytes held)."""

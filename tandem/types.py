@@ -24,11 +24,11 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raises ValueError with a user-facing message when a setting is out of range."""
-        if not self.temperature >= 0.0:  # also rejects NaN
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k < 0:
+        if not 0.0 <= self.temperature < float("inf"):  # also rejects NaN
+            raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 <= self.top_k < 2**31:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not (0.0 < self.top_p <= 1.0):
+        if not (0.0 < self.top_p <= 1.0):  # also rejects NaN
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
@@ -94,3 +94,4 @@ class TargetInfo:
     chat_template: str = ""
     bos_token: str = ""
     eos_token: str = ""
+    verify_ms_by_width: dict[int, float] = field(default_factory=dict)   # measured at the verifier's start

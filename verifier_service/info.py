@@ -11,4 +11,5 @@ def describe(target) -> TargetInfo:
     backend = getattr(tok, "backend_tokenizer", None) or getattr(tok, "_tokenizer", None)
     return TargetInfo(model=target.info, tokenizer_json=backend.to_str() if backend is not None else "",
                       chat_template=tok.chat_template or "", bos_token=tok.bos_token or "",
-                      eos_token=tok.eos_token or "")
+                      eos_token=tok.eos_token or "",
+                      verify_ms_by_width=dict(target.cost_table()) if hasattr(target, "cost_table") else {})

@@ -91,6 +91,8 @@ def test_sessions_are_freed_after_requests(stack):
     (request(prompt="w1", max_tokens=0), "max_tokens"),
     (request(prompt="w1", max_tokens=100_000), "max_tokens"),
     (request(prompt="w1", sampling=common_pb2.SamplingParams(temperature=-1)), "temperature"),
+    (request(prompt="w1", sampling=common_pb2.SamplingParams(temperature=float("inf"))), "temperature"),
+    (request(prompt="w1", sampling=common_pb2.SamplingParams(temperature=float("nan"))), "temperature"),
     (request(prompt="w1", sampling=common_pb2.SamplingParams(temperature=1, top_p=1.5)), "top_p"),
     (request(prompt="w1", sampling=common_pb2.SamplingParams(temperature=1, top_p=-0.5)), "top_p"),
     (request(prompt_ids=[1, 999]), "outside the vocabulary"),

@@ -73,9 +73,10 @@ def exact_joint(target, sampling, prompt=PROMPT) -> dict[tuple[int, int, int], f
     return joint
 
 
-def draw(verifier, drafter, n, sampling, k=1, prompt=PROMPT, min_confidence=0.0, block_sizes=None):
+def draw(verifier, drafter, n, sampling, k=1, prompt=PROMPT, min_confidence=0.0, block_sizes=None, policy=None):
     """Joint counts of the first three generated tokens over n seeded requests; ``block_sizes``
-    (a dict) collects how many tokens the first round's proposal had."""
+    (a dict) collects how many tokens the first round's proposal had. ``policy()``: a draft-length policy
+    per request (auto: k chosen each round from the figures of earlier rounds and requests)."""
     async def run():
         counts = {}
         for i in range(n):
@@ -83,7 +84,7 @@ def draw(verifier, drafter, n, sampling, k=1, prompt=PROMPT, min_confidence=0.0,
                                                                      seed=i),
                           k, frozenset(), 256, min_confidence=min_confidence)
             tokens = []
-            async for rnd in generate_rounds(req, verifier, drafter):
+            async for rnd in generate_rounds(req, verifier, drafter, policy() if policy else None):
                 tokens.extend(rnd.tokens)
                 if rnd.index == 1 and block_sizes is not None:
                     block_sizes[rnd.proposed] = block_sizes.get(rnd.proposed, 0) + 1
@@ -116,18 +117,34 @@ def lookup_drafter(tiny_drafter_onnx):
     return OnnxDrafter(tiny_drafter_onnx, threads=1, lookup_max_ngram=2, lookup_min_ngram=1)
 
 
+def auto_policy():
+    """Auto draft length over a cost table on which the choice between k = 0 and 1 (the tiny pair accepts
+    ~9 % of first drafts) turns on the acceptance learned so far, shared across requests as the gateway
+    shares it."""
+    from gateway.draft_length import AcceptanceEstimator, CostModel, DraftLengthPolicy
+
+    cost, shared = CostModel(), AcceptanceEstimator(alpha=0.05)
+    cost.seed({0: 10.0, 1: 10.2, 2: 10.5}, weight=1e9)          # fixed: only acceptance moves k
+    return lambda: DraftLengthPolicy(cost, AcceptanceEstimator(prior=shared), k_cap=2, probe_every=2)
+
+
 @pytest.mark.parametrize("which, prompt", [("model", PROMPT), ("lookup", (5, 9, 14, 5, 9)),
-                                           ("confidence stop", PROMPT)])
+                                           ("confidence stop", PROMPT), ("auto", PROMPT)])
 def test_speculative_sampling_matches_target_distribution(target, drafter, lookup_drafter, which, prompt):
+    """The first three tokens' joint distribution equals the target's exactly. With auto, k differs from
+    round to round and request to request, chosen from past rounds only: still exact."""
     joint = exact_joint(target, SAMPLING, prompt)
     assert abs(sum(joint.values()) - 1) < 1e-4
     sizes: dict[int, int] = {}
-    k, stop = (2, 0.35) if which == "confidence stop" else (1, 0.0)
+    k, stop = (2, 0.35) if which in ("confidence stop", "auto") else (1, 0.0)
     counts = draw(LocalVerifier(target), LocalDrafter(drafter if which != "lookup" else lookup_drafter), N,
-                  SAMPLING, k=k, prompt=prompt, min_confidence=stop, block_sizes=sizes)
+                  SAMPLING, k=k, prompt=prompt, min_confidence=stop if which != "auto" else 0.0, block_sizes=sizes,
+                  policy=auto_policy() if which == "auto" else None)
     assert sum(counts.values()) == N
     if which == "confidence stop":      # both block lengths really occur
         assert sizes.get(1, 0) > N // 20 and sizes.get(2, 0) > N // 20, sizes
+    if which == "auto":                 # the choice really varies from request to request
+        assert sum(n > N // 50 for n in sizes.values()) >= 2, sizes
     # The drafter really disagrees with the target: the test exercises rejections and bonus tokens.
     p = chi_square_p(counts, joint, N)
     assert p > ALPHA, f"speculative samples deviate from the target distribution (chi-square p = {p:.2e})"
@@ -136,7 +153,7 @@ def test_speculative_sampling_matches_target_distribution(target, drafter, looku
 class AlwaysAccept(LocalVerifier):
     """A broken verifier: keeps every draft token (the bug the test must catch)."""
 
-    async def verify(self, session_id, draft):
+    async def verify(self, session_id, draft, token=""):
         out = self.target.verify(session_id, [])        # advances the target by one token
         if not draft:
             return out

@@ -1,0 +1,583 @@
+"""Choosing the draft length k of every round from measured costs and acceptance (issue 15).
+
+Speculation pays in tokens per millisecond, not in acceptance alone (DESIGN.md, "When speculation
+pays"). Before each round the policy picks the k in 0..k_max that maximises
+
+    E[tokens | k] / E[ms | k]
+    E[tokens | k] = 1 + sum_{j=1..k} prod_{i<=j} a_i          (a_i: conditional acceptance of position i)
+    E[ms | k]     = t_draft(k) + t_verify(k) + overhead(k)
+
+where k = 0 is a plain decoding step: 1 token for one verify at width 0, no draft cost and no round
+trip to the drafter. Maximising the ratio per round maximises long-run throughput (renewal-reward):
+each round is one renewal cycle with reward = tokens and length = ms.
+
+Pieces (all plain Python, no grpc/torch/numpy):
+
+- ``CostModel`` (one per verifier + drafter pair): verify ms per block width w (w draft tokens, a
+  forward over w+1 positions) as a decayed mean per observed width, seedable from the verifier's
+  profile table; unobserved widths are read off a monotone (isotonic) fit of the observed ones,
+  interpolated linearly and extrapolated with the last slope. Drafter ms per *model* token (tokens
+  copied by prompt lookup cost next to nothing and are timed separately); round overhead (network,
+  serialization) for plain rounds and for speculative rounds, whose difference is the round trip
+  to the drafter: on a slow link a speculative round carries a larger fixed cost, so longer blocks
+  amortise it and the chosen k grows.
+- ``AcceptanceEstimator``: per-position conditional acceptance a_i = P(token i accepted | tokens < i
+  accepted), decayed (EWMA), censored correctly (a position after the first rejection is not
+  observed). A session's estimator starts from a gateway-wide one (pseudo-observations that fade as
+  the session's own rounds arrive), so its first rounds are sane. Tokens copied by prompt lookup have
+  their own, separately learned acceptance.
+- ``choose_k``: evaluates every candidate and returns a ``Decision`` with the whole table.
+- ``DraftLengthPolicy`` (one per request): ``next_k(k_max)`` before a round, ``observe(figures)``
+  after it. When k = 0 wins it keeps probing: a short block every N plain rounds, N doubling while
+  probes lose (capped) and reset when one wins, so a session whose text turns predictable gets
+  speculation back. An explicit k pins the policy (it still records the figures).
+
+Exactness (DESIGN.md's rule; Leviathan et al. 2023, Chen et al. 2023). The k of a round is a function
+of figures already observed — past rounds' acceptances, timings, the lookup tokens available in the
+context — and never of the current block's target probabilities, which are unseen when k is fixed.
+So every round is a standard speculative-sampling step with a k fixed before verification: given
+everything that happened before it, the tokens it emits are distributed exactly as the target's
+continuation of the prefix, whatever k is; by the tower property the whole output has the target's
+distribution, unchanged by the adaptive choice. (The same argument covers a drafter that stops a
+block early on its own confidence: that uses q, never p.) For greedy decoding any k yields the
+target's argmax chain, so the output is token-for-token that of plain decoding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["RoundFigures", "CostModel", "AcceptanceEstimator", "Candidate", "Decision", "choose_k",
+           "expected_tokens", "DraftLengthPolicy"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# What one round reports
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RoundFigures:
+    """The figures of one finished round that the cost model and the acceptance estimator learn from.
+
+    Independent of ``gateway.rounds.Round``'s layout: build it from the Proposal, the VerifyOutcome and
+    the round's wall time (``from_outcome``).
+    """
+
+    width: int                          # draft tokens verified (the forward covered width + 1 positions)
+    accepted: int                       # draft tokens kept (a prefix of the block)
+    verify_ms: float                    # verifier's own compute (VerifyOutcome.compute_ms)
+    round_ms: float                     # wall time of the round at the gateway
+    draft_ms: float = 0.0               # drafter's own compute (Proposal.compute_ms)
+    from_lookup: tuple[bool, ...] = ()  # per proposed token: copied by prompt lookup; () = none were
+    drafter_called: bool | None = None  # a Propose call happened (None: width > 0)
+    propose_wall_ms: float | None = None  # wall time of the Propose call at the gateway, if timed
+
+    def __post_init__(self):
+        if self.from_lookup and len(self.from_lookup) != self.width:
+            raise ValueError(f"from_lookup has {len(self.from_lookup)} flags for a block of {self.width}")
+        if not 0 <= self.accepted <= self.width:
+            raise ValueError(f"accepted {self.accepted} outside 0..{self.width}")
+
+    @property
+    def speculative(self) -> bool:
+        return self.width > 0 if self.drafter_called is None else bool(self.drafter_called)
+
+    @property
+    def lookup_tokens(self) -> int:
+        return sum(self.from_lookup)
+
+    @property
+    def model_tokens(self) -> int:
+        return self.width - self.lookup_tokens
+
+    def is_lookup(self, i: int) -> bool:
+        return bool(self.from_lookup) and self.from_lookup[i]
+
+    @classmethod
+    def from_outcome(cls, proposal, outcome, round_ms: float, propose_wall_ms: float | None = None,
+                     drafter_called: bool | None = None) -> "RoundFigures":
+        """From a ``tandem.types.Proposal`` and ``VerifyOutcome`` (duck-typed)."""
+        tokens = tuple(proposal.tokens)
+        return cls(width=len(tokens), accepted=int(outcome.accepted), verify_ms=float(outcome.compute_ms),
+                   round_ms=float(round_ms), draft_ms=float(proposal.compute_ms),
+                   from_lookup=tuple(bool(getattr(t, "from_lookup", False)) for t in tokens),
+                   drafter_called=drafter_called, propose_wall_ms=propose_wall_ms)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Decayed means
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class _Ewma:
+    """A bias-corrected exponentially weighted mean: the first observations average, later ones decay
+    with weight ``alpha``. A seed counts as ``seed_weight`` observations."""
+
+    alpha: float
+    mean: float = 0.0
+    n: float = 0.0          # observations so far (seed included), capped growth is irrelevant
+
+    def add(self, x: float) -> None:
+        self.n += 1.0
+        w = max(self.alpha, 1.0 / self.n)
+        self.mean += w * (x - self.mean)
+
+    def seed(self, x: float, weight: float = 1.0) -> None:
+        self.mean, self.n = float(x), float(weight)
+
+    @property
+    def known(self) -> bool:
+        return self.n > 0
+
+
+def _isotonic(points: Sequence[tuple[int, float, float]]) -> list[tuple[int, float]]:
+    """Pool-adjacent-violators: the weighted least-squares non-decreasing fit of (x, y, weight) sorted by x."""
+    blocks: list[list[float]] = []          # [sum w*y, sum w, first index, last index]
+    xs = [p[0] for p in points]
+    for i, (_, y, w) in enumerate(points):
+        blocks.append([w * y, w, i, i])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            top = blocks.pop()
+            blocks[-1][0] += top[0]
+            blocks[-1][1] += top[1]
+            blocks[-1][3] = top[3]
+    out: list[tuple[int, float]] = []
+    for swy, sw, lo, hi in blocks:
+        for i in range(lo, hi + 1):
+            out.append((xs[i], swy / sw))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Costs
+# ---------------------------------------------------------------------------------------------------
+class CostModel:
+    """Measured costs of one verifier + drafter pair, learned online with decayed means.
+
+    - verify ms per width w (draft tokens in the block): one decayed mean per observed width, seeded
+      from the verifier's profile table; other widths from a monotone fit (``verify_ms``).
+    - drafter ms per model-drafted token; ms per lookup token (nearly free) apart.
+    - overhead ms of a plain round (gateway <-> verifier) and of a speculative round (that plus the
+      round trip to the drafter): ``round_ms - draft_ms - verify_ms``. When the round loop times the
+      Propose call (``propose_wall_ms``), a speculative round also measures the plain part exactly.
+
+    Unobserved figures default to 0 (optimism under uncertainty): a wrong guess is tried once,
+    measured, and corrected, whereas a pessimistic guess would never be revisited.
+    """
+
+    def __init__(self, alpha: float = 0.15, default_slope: float = 0.25):
+        """``alpha``: weight of a new observation. ``default_slope``: with a single width measured,
+        verify ms is extrapolated as v(w) = v0 * (1 + default_slope * w)."""
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self.alpha = float(alpha)
+        self.default_slope = float(default_slope)
+        self._verify: dict[int, _Ewma] = {}
+        self._draft_per_token = _Ewma(alpha)
+        self._lookup_per_token = _Ewma(alpha)
+        self._plain_overhead = _Ewma(alpha)
+        self._spec_overhead = _Ewma(alpha)
+        self._fit: list[tuple[int, float]] | None = None
+        self.rounds_observed = 0
+
+    # ---- learning ---------------------------------------------------------------------------------
+    def seed(self, table: Mapping[int, float], weight: float = 1.0) -> None:
+        """Seeds verify ms per width from a profile table {width: ms} (the verifier's GetInfo, or a short
+        profile at first use). A seed counts as ``weight`` observations: measurements take over."""
+        for w, ms in table.items():
+            if int(w) < 0 or not math.isfinite(float(ms)) or float(ms) < 0:
+                raise ValueError(f"bad profile entry {w}: {ms}")
+            self._verify.setdefault(int(w), _Ewma(self.alpha)).seed(float(ms), weight)
+        self._fit = None
+
+    def seed_draft(self, per_token_ms: float, weight: float = 1.0) -> None:
+        self._draft_per_token.seed(per_token_ms, weight)
+
+    def seed_overhead(self, plain_ms: float, speculative_ms: float | None = None, weight: float = 1.0) -> None:
+        """Seeds the overheads; ``speculative_ms`` defaults to ``plain_ms`` (drafter next door)."""
+        self._plain_overhead.seed(plain_ms, weight)
+        self._spec_overhead.seed(plain_ms if speculative_ms is None else speculative_ms, weight)
+
+    def observe(self, fig: RoundFigures) -> None:
+        """Learns from one round (not the prefill)."""
+        self.rounds_observed += 1
+        self._verify.setdefault(fig.width, _Ewma(self.alpha)).add(max(0.0, fig.verify_ms))
+        self._fit = None
+        if fig.speculative:
+            model, lookup = fig.model_tokens, fig.lookup_tokens
+            if model > 0:
+                lookup_ms = lookup * self._lookup_per_token.mean if self._lookup_per_token.known else 0.0
+                self._draft_per_token.add(max(0.0, fig.draft_ms - lookup_ms) / model)
+            elif lookup > 0:
+                self._lookup_per_token.add(max(0.0, fig.draft_ms) / lookup)
+            overhead = max(0.0, fig.round_ms - fig.draft_ms - fig.verify_ms)
+            self._spec_overhead.add(overhead)
+            if fig.propose_wall_ms is not None:     # the plain part, measured apart from the drafter's link
+                self._plain_overhead.add(max(0.0, fig.round_ms - fig.propose_wall_ms - fig.verify_ms))
+        else:
+            self._plain_overhead.add(max(0.0, fig.round_ms - fig.verify_ms))
+
+    # ---- reading ----------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Whether any verify cost is known (seeded or measured): without one no choice is meaningful."""
+        return any(e.known for e in self._verify.values())
+
+    def _points(self) -> list[tuple[int, float]]:
+        if self._fit is None:
+            pts = sorted((w, e.mean, e.n) for w, e in self._verify.items() if e.known)
+            self._fit = _isotonic(pts) if pts else []
+        return self._fit
+
+    def verify_ms(self, width: int) -> float:
+        """Verify ms of a block of ``width`` draft tokens: non-decreasing in width."""
+        pts = self._points()
+        if not pts:
+            return 0.0
+        if len(pts) == 1:
+            (w0, v), = pts
+            base = v / (1.0 + self.default_slope * w0)
+            return base * (1.0 + self.default_slope * width)
+        for (xa, ya), (xb, yb) in zip(pts, pts[1:]):
+            if xa <= width <= xb:
+                return ya + (yb - ya) * (width - xa) / (xb - xa)
+        # Outside the measured widths: the least-squares slope of the monotone fit (robust to one noisy
+        # end point, which a two-point slope would amplify over many widths).
+        mx = sum(x for x, _ in pts) / len(pts)
+        my = sum(y for _, y in pts) / len(pts)
+        slope = max(0.0, sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
+        if width > pts[-1][0]:
+            return pts[-1][1] + slope * (width - pts[-1][0])
+        return max(0.0, pts[0][1] - slope * (pts[0][0] - width))
+
+    @property
+    def draft_ms_per_token(self) -> float:
+        return self._draft_per_token.mean
+
+    @property
+    def lookup_ms_per_token(self) -> float:
+        return self._lookup_per_token.mean
+
+    @property
+    def plain_overhead_ms(self) -> float:
+        return self._plain_overhead.mean
+
+    @property
+    def speculative_overhead_ms(self) -> float:
+        """Overhead of a speculative round; at least the plain one (it adds the drafter's round trip)."""
+        if not self._spec_overhead.known:
+            return self._plain_overhead.mean
+        return max(self._spec_overhead.mean, self._plain_overhead.mean)
+
+    @property
+    def drafter_round_trip_ms(self) -> float:
+        return self.speculative_overhead_ms - self.plain_overhead_ms
+
+    def draft_ms(self, k: int, lookup_tokens: int = 0) -> float:
+        lookup = min(max(0, lookup_tokens), k)
+        return (k - lookup) * self._draft_per_token.mean + lookup * self._lookup_per_token.mean
+
+    def expected_ms(self, k: int, lookup_tokens: int = 0) -> float:
+        """Expected wall ms of a round with a block of k (the first ``lookup_tokens`` copied by lookup)."""
+        if k <= 0:
+            return self.verify_ms(0) + self.plain_overhead_ms
+        return self.draft_ms(k, lookup_tokens) + self.verify_ms(k) + self.speculative_overhead_ms
+
+    def table(self, max_width: int = 8) -> dict[str, float]:
+        """Plain figures for display and Prometheus gauges."""
+        out = {f"verify_ms_w{w}": round(self.verify_ms(w), 4) for w in range(max_width + 1)}
+        out.update(draft_ms_per_token=round(self.draft_ms_per_token, 4),
+                   lookup_ms_per_token=round(self.lookup_ms_per_token, 4),
+                   plain_overhead_ms=round(self.plain_overhead_ms, 4),
+                   speculative_overhead_ms=round(self.speculative_overhead_ms, 4),
+                   drafter_round_trip_ms=round(self.drafter_round_trip_ms, 4),
+                   rounds_observed=float(self.rounds_observed))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Acceptance
+# ---------------------------------------------------------------------------------------------------
+_A_MIN, _A_MAX = 1e-3, 0.995
+
+
+@dataclass
+class _Slot:
+    """Decayed evidence for one conditional acceptance: ``s`` accepted of ``n`` observed, plus ``pw``
+    pseudo-observations of the prior's value (which decay like real ones)."""
+
+    pw: float
+    s: float = 0.0
+    n: float = 0.0
+    t: int = 0              # raw observations
+
+    def add(self, accepted: bool, decay: float) -> None:
+        self.s = decay * self.s + float(accepted)
+        self.n = decay * self.n + 1.0
+        self.pw *= decay
+        self.t += 1
+
+    def relax(self, beta: float) -> None:
+        moved = beta * self.n
+        self.s *= 1.0 - beta
+        self.n -= moved
+        self.pw += moved
+
+    def estimate(self, prior_value: float) -> float:
+        total = self.n + self.pw
+        return prior_value if total <= 0 else (self.s + self.pw * prior_value) / total
+
+
+class AcceptanceEstimator:
+    """Conditional acceptance per block position, a_i = P(draft i accepted | drafts < i accepted), decayed.
+
+    Model-drafted tokens are indexed by their position among the block's model tokens (a lookup prefix
+    does not count: after it the drafter starts afresh from accepted context); tokens copied by prompt
+    lookup share one separately learned conditional acceptance.
+
+    A session's estimator starts from its ``prior`` (the gateway-wide estimator; without one, the
+    constants ``default`` / ``default_lookup``) as ``prior_weight`` pseudo-observations per position
+    that decay like real ones, so its own rounds take over within a few rounds and one early rejection
+    does not drive an estimate to 0. Positions not reached yet follow the prior's shape scaled to the
+    level at the deepest observed position (without a prior: that level carried forward).
+    ``observe`` also feeds the prior when ``share`` is set.
+    """
+
+    def __init__(self, alpha: float = 0.1, prior: "AcceptanceEstimator | None" = None, prior_weight: float = 3.0,
+                 default: float = 0.6, default_lookup: float = 0.8, share: bool = True):
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self.alpha, self.prior, self.prior_weight = float(alpha), prior, float(prior_weight)
+        self.default, self.default_lookup, self.share = float(default), float(default_lookup), share
+        self._model: list[_Slot] = []   # per model position
+        self._lookup = _Slot(self.prior_weight)
+
+    # ---- learning ---------------------------------------------------------------------------------
+    def _slot(self, i: int) -> "_Slot":
+        while len(self._model) <= i:
+            self._model.append(_Slot(self.prior_weight))
+        return self._model[i]
+
+    def _add(self, i: int, accepted: bool) -> None:
+        self._slot(i).add(accepted, 1.0 - self.alpha)
+
+    def _add_lookup(self, accepted: bool) -> None:
+        self._lookup.add(accepted, 1.0 - self.alpha)
+
+    def relax(self, beta: float = 0.02) -> None:
+        """Moves a fraction ``beta`` of the session's own evidence back to the prior: called on rounds
+        that observe nothing (plain rounds), so estimates that went stale while speculation was off
+        drift back toward the gateway-wide figures instead of freezing at their last, unlucky value."""
+        for slot in (*self._model, self._lookup):
+            slot.relax(beta)
+
+    def observe_block(self, from_lookup: Sequence[bool], accepted: int) -> None:
+        """One verified block: flags per proposed token and the number accepted. Positions after the
+        first rejection are not observed (the conditional is only defined given the prefix accepted)."""
+        model_index = 0
+        for i, lookup in enumerate(from_lookup):
+            if i > accepted:
+                break
+            if lookup:
+                self._add_lookup(i < accepted)
+            else:
+                self._add(model_index, i < accepted)
+                model_index += 1
+        if self.share and self.prior is not None:
+            self.prior.observe_block(from_lookup, accepted)
+
+    def observe(self, fig: RoundFigures) -> None:
+        if fig.width:
+            self.observe_block(fig.from_lookup or (False,) * fig.width, fig.accepted)
+
+    # ---- reading ----------------------------------------------------------------------------------
+    def _own(self, i: int) -> "_Slot":
+        return self._model[i] if i < len(self._model) else _Slot(self.prior_weight)
+
+    def model_acceptances(self, n: int) -> list[float]:
+        """a_1..a_n of model-drafted tokens (their index among the block's model tokens).
+
+        Each position shrinks toward its prior value: the prior estimator's figure at that position,
+        or (no prior) this estimator's figure one position earlier (``default`` at the first). So a
+        deep position seen a few times stays near its neighbour instead of jumping to 0 or 1. A position
+        the session has not reached follows the prior's shape at the session's level where it was last
+        observed (a session more predictable than the gateway's average is expected to stay so)."""
+        prior = self.prior.model_acceptances(n) if self.prior is not None else None
+        deepest = max((j for j in range(min(n, len(self._model))) if self._model[j].t > 0), default=-1)
+        out: list[float] = []
+        for i in range(n):
+            if prior is None:
+                est = self._own(i).estimate(out[i - 1] if i else self.default)
+            elif i <= deepest or deepest < 0:
+                est = self._own(i).estimate(prior[i])
+            else:
+                est = prior[i] * out[deepest] / max(_A_MIN, prior[deepest])
+            out.append(min(_A_MAX, max(_A_MIN, est)))
+        return out
+
+    def model_acceptance(self, i: int) -> float:
+        """a_{i+1}: the i-th (0-based) model-drafted token of a block."""
+        return self.model_acceptances(i + 1)[i]
+
+    def lookup_acceptance(self) -> float:
+        prior = self.prior.lookup_acceptance() if self.prior is not None else self.default_lookup
+        return min(_A_MAX, max(_A_MIN, self._lookup.estimate(prior)))
+
+    def acceptances(self, k: int, lookup_tokens: int = 0) -> list[float]:
+        """a_1..a_k of a block whose first ``lookup_tokens`` tokens are copied by lookup."""
+        lookup = min(max(0, lookup_tokens), k)
+        return [self.lookup_acceptance()] * lookup + self.model_acceptances(k - lookup)
+
+    def table(self, positions: int = 8) -> dict[str, float]:
+        out = {f"a{i + 1}": round(a, 4) for i, a in enumerate(self.model_acceptances(positions))}
+        out["a_lookup"] = round(self.lookup_acceptance(), 4)
+        return out
+
+
+def expected_tokens(acceptances: Sequence[float]) -> float:
+    """E[tokens emitted by a round] = 1 + sum_j prod_{i<=j} a_i (the recovered/bonus token included)."""
+    total, run = 1.0, 1.0
+    for a in acceptances:
+        run *= a
+        total += run
+    return total
+
+
+# ---------------------------------------------------------------------------------------------------
+# The choice
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Candidate:
+    k: int
+    expected_tokens: float
+    expected_ms: float
+    tokens_per_ms: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    k: int
+    expected_tokens: float
+    expected_ms: float
+    tokens_per_ms: float
+    candidates: tuple[Candidate, ...] = ()
+    reason: str = "best"            # best | probe | pinned | no-figures | no-budget
+
+    def table(self) -> dict[int, float]:
+        """{k: expected tokens per ms} of every candidate."""
+        return {c.k: c.tokens_per_ms for c in self.candidates}
+
+
+def _candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[int],
+                lookup_available: int) -> tuple[Candidate, ...]:
+    lookup = max(0, int(lookup_available))
+    model = acceptance.model_acceptances(max(ks, default=0))
+    a_lookup = acceptance.lookup_acceptance()
+    out = []
+    for k in ks:
+        n_lookup = min(lookup, k)
+        tokens = expected_tokens([a_lookup] * n_lookup + model[:k - n_lookup])
+        ms = max(1e-9, cost.expected_ms(k, n_lookup))
+        out.append(Candidate(k, tokens, ms, tokens / ms))
+    return tuple(out)
+
+
+def choose_k(cost: CostModel, acceptance: AcceptanceEstimator, k_max: int, lookup_available: int = 0) -> Decision:
+    """The k in 0..k_max with the most expected tokens per ms (ties: the smaller k).
+
+    ``lookup_available``: how many tokens prompt lookup is expected to supply at the head of the block
+    (the gateway can run the same lookup over the sequence it holds); they count with the lookup
+    acceptance and the lookup cost."""
+    k_max = max(0, int(k_max))
+    cands = _candidates(cost, acceptance, range(k_max + 1), lookup_available)
+    best = cands[0]
+    for c in cands[1:]:
+        if c.tokens_per_ms > best.tokens_per_ms * (1.0 + 1e-9):
+            best = c
+    return Decision(best.k, best.expected_tokens, best.expected_ms, best.tokens_per_ms, cands,
+                    "best" if k_max > 0 else "no-budget")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Per request
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class DraftLengthPolicy:
+    """The draft length of each round of one request.
+
+    ``next_k(k_max)`` before a round (k_max: the most the round may draft, already cut to the token
+    budget and the context), ``observe(figures)`` after it. ``pinned``: an explicit k, always returned
+    (cut to k_max); the figures are still recorded so the gateway-wide estimates stay current.
+
+    Probing: while k = 0 wins, every ``interval`` plain rounds one round drafts a short block: the most
+    promising k in 1..probe_k_max by the estimates (1 or 2 where the drafter looks useless or verify
+    grows steeply with width; longer on a slow link, where a short block cannot pay for the trip).
+    A probe wins when the probes' realized tokens/ms (decayed by ``probe_decay``, so one lucky block
+    does not count as a trend) beats the expected plain tokens/ms: a win resets the interval to
+    ``probe_every``, a loss doubles it up to ``probe_cap``. The estimates the probes update decide when
+    speculation comes back (choose_k picking k > 0 again).
+    """
+
+    cost: CostModel
+    acceptance: AcceptanceEstimator
+    pinned: int | None = None
+    k_cap: int = 16                     # auto never drafts more than this
+    fallback_k: int = 2                 # used while no verify cost is known at all
+    probe_every: int = 4
+    probe_cap: int = 64
+    probe_k_max: int = 4
+    relax: float = 0.02                 # per plain round: stale session evidence drifts back to the prior
+    interval: int = field(init=False)
+    plain_streak: int = field(init=False, default=0)
+    probes: int = field(init=False, default=0)
+    last: Decision | None = field(init=False, default=None)
+    probe_decay: float = 0.5            # weight of earlier probes in the probes' realized tokens/ms
+    _probe_plain_rate: float | None = field(init=False, default=None)
+    _probe_tokens: float = field(init=False, default=0.0)
+    _probe_ms: float = field(init=False, default=0.0)
+
+    def __post_init__(self):
+        self.interval = self.probe_every
+
+    def next_k(self, k_max: int, lookup_available: int = 0) -> Decision:
+        k_max = max(0, int(k_max))
+        self._probe_plain_rate = None
+        if self.pinned is not None:
+            k = min(self.pinned, k_max)
+            c, = _candidates(self.cost, self.acceptance, (k,), lookup_available)
+            d = Decision(k, c.expected_tokens, c.expected_ms, c.tokens_per_ms, (c,), "pinned")
+        elif not self.cost.ready and k_max > 0:
+            k = min(self.fallback_k, k_max)
+            d = Decision(k, float("nan"), float("nan"), float("nan"), (), "no-figures")
+        else:
+            d = choose_k(self.cost, self.acceptance, min(k_max, self.k_cap), lookup_available)
+            if d.k > 0 or k_max == 0:
+                self.plain_streak = 0
+                if d.k > 0:
+                    self.interval = self.probe_every
+                    self._probe_tokens = self._probe_ms = 0.0
+            else:
+                self.plain_streak += 1
+                if self.plain_streak >= self.interval:
+                    self.plain_streak = 0
+                    probe = max(d.candidates[1:min(self.probe_k_max, k_max) + 1], key=lambda c: c.tokens_per_ms)
+                    self._probe_plain_rate = d.candidates[0].tokens_per_ms
+                    self.probes += 1
+                    d = Decision(probe.k, probe.expected_tokens, probe.expected_ms, probe.tokens_per_ms,
+                                 d.candidates, "probe")
+        self.last = d
+        return d
+
+    def observe(self, fig: RoundFigures) -> None:
+        self.cost.observe(fig)
+        self.acceptance.observe(fig)
+        if fig.width == 0 and self.relax:
+            self.acceptance.relax(self.relax)
+        if self._probe_plain_rate is not None:
+            self._probe_tokens = self.probe_decay * self._probe_tokens + fig.accepted + 1
+            self._probe_ms = self.probe_decay * self._probe_ms + max(1e-9, fig.round_ms)
+            if self._probe_tokens / self._probe_ms >= self._probe_plain_rate:
+                self.interval = self.probe_every
+            else:
+                self.interval = min(self.interval * 2, self.probe_cap)
+            self._probe_plain_rate = None

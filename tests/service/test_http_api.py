@@ -1,0 +1,409 @@
+"""The OpenAI-compatible HTTP API over real verifier/drafter gRPC services on loopback, with tiny models,
+called with the real ``openai`` client (and httpx for the raw error shapes and the disconnect)."""
+
+import asyncio
+import json
+import time
+
+import grpc
+import httpx
+import pytest
+
+from harness import Stack
+from tandem.pb import gateway_pb2
+
+openai = pytest.importorskip("openai")
+MODEL = "tandem-test"
+ERROR_KEYS = {"message", "type", "param", "code"}
+
+
+class SlowVerifier:
+    """The gateway's real verifier client, with an optional pause before each Verify (disconnect test)."""
+
+    def __init__(self, inner):
+        self.inner, self.delay = inner, 0.0
+
+    async def start(self, *args, **kw):
+        return await self.inner.start(*args, **kw)
+
+    async def verify(self, *args, **kw):
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return await self.inner.verify(*args, **kw)
+
+    async def end(self, *args, **kw):
+        await self.inner.end(*args, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class HttpStack:
+    def __init__(self, target, drafter, token=None):
+
+        self.stack = Stack(target, drafter, draft_length=3)
+        self.gateway = self.stack.gateway
+        self.slow = self.gateway.verifier = SlowVerifier(self.gateway.verifier)
+        self.handles = []
+        self.url = self.serve(token)
+
+    def serve(self, token):
+        from gateway.http_api import build_app, serve_http
+
+        handle = self.stack.lt.run(serve_http(build_app(self.gateway, token=token, model_name=MODEL)))
+        self.handles.append(handle)
+        return handle.url
+
+    def close(self):
+        for h in self.handles:
+            self.stack.lt.run(h.stop())
+        self.stack.close()
+
+
+def load_pair(tiny_target_dir, tiny_drafter_onnx):
+    from drafter_service.onnx_drafter import OnnxDrafter
+    from verifier_service.target import Target
+
+    return Target.load(str(tiny_target_dir)), OnnxDrafter(tiny_drafter_onnx, threads=1)
+
+
+@pytest.fixture(scope="module")
+def hs(tiny_target_dir, tiny_drafter_onnx):
+    s = HttpStack(*load_pair(tiny_target_dir, tiny_drafter_onnx))
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def client(hs):
+    return openai.OpenAI(base_url=f"{hs.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def grpc_generate(hs, **kw):
+    kw.setdefault("max_tokens", 16)
+    return hs.stack.gateway_stub.Generate(gateway_pb2.GenerateRequest(**kw), timeout=60)
+
+
+def chat_body(prompt="w1 w5 w9", **kw):
+    return {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "temperature": 0, **kw}
+
+
+def sse_events(response):
+    """The JSON payloads of an SSE response, and whether it ended with [DONE]."""
+    events, done = [], False
+    for line in response.iter_lines():
+        if not line.startswith("data: "):
+            continue
+        data = line[len("data: "):]
+        if data == "[DONE]":
+            done = True
+            continue
+        events.append(json.loads(data))
+    return events, done
+
+
+def wait_until(cond, timeout, step=0.02):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()
+
+
+def assert_error(r, status, param=None, code=None):
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == ERROR_KEYS, body
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    if param is not None:
+        assert body["error"]["param"] == param, body
+    if code is not None:
+        assert body["error"]["code"] == code, body
+    return body["error"]
+
+
+# ---- happy paths ---------------------------------------------------------------------------------
+def test_models_and_health(hs, client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    r = httpx.get(f"{hs.url}/health")
+    assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["drafter"] == "up"
+
+
+@pytest.mark.parametrize("prompt", ["w1 w5 w9 w20", "w3 w4"])
+def test_chat_greedy_equals_grpc_and_usage_counts_tokens(hs, client, prompt):
+    ref = grpc_generate(hs, prompt=prompt, chat=True, max_tokens=20)
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                           temperature=0, max_tokens=20)
+    assert reply.choices[0].message.content == ref.text
+    assert reply.choices[0].finish_reason == ref.finish_reason
+    assert reply.usage.completion_tokens == len(ref.token_ids)
+    assert reply.usage.prompt_tokens == ref.stats.prompt_tokens
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    # the prompt is the target's chat template, tokenized without special tokens
+    tok = hs.gateway.tokenizer
+    rendered = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                       tokenize=False)
+    assert reply.usage.prompt_tokens == len(tok(rendered, add_special_tokens=False)["input_ids"])
+    t = reply.tandem
+    assert t["speculative"] and t["rounds"] == ref.stats.rounds and t["accepted"] == ref.stats.accepted
+    assert t["proposed"] == ref.stats.proposed and t["acceptance_length"] == pytest.approx(
+        ref.stats.mean_acceptance_length, abs=1e-3)
+    assert t["draft_model"] and t["verify_ms"] > 0
+
+    streamed = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                              temperature=0, max_tokens=20, stream=True,
+                                              stream_options={"include_usage": True})
+    chunks = list(streamed)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ref.text
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0].choices[0].finish_reason == ref.finish_reason
+    assert finish[0].tandem["rounds"] == ref.stats.rounds            # the stats in the last chunk too
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == len(ref.token_ids)
+    assert last.usage.prompt_tokens == ref.stats.prompt_tokens and last.tandem["accepted"] == ref.stats.accepted
+
+
+def test_completion_greedy_equals_grpc_streamed_and_not(hs, client):
+    prompt = "w7 w8 w2 w30"
+    ref = grpc_generate(hs, prompt=prompt, max_tokens=12)
+    reply = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=12)
+    assert reply.object == "text_completion"
+    assert reply.choices[0].text == ref.text and reply.choices[0].finish_reason == ref.finish_reason
+    assert reply.usage.completion_tokens == len(ref.token_ids) and reply.usage.prompt_tokens == ref.stats.prompt_tokens
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=12, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ref.text
+    assert chunks[-1].usage.completion_tokens == len(ref.token_ids)
+    # token ids as the prompt
+    ids = hs.gateway.tokenizer(prompt)["input_ids"]
+    by_ids = client.completions.create(model=MODEL, prompt=ids, temperature=0, max_tokens=12)
+    assert by_ids.choices[0].text == ref.text
+
+
+def test_streamed_tokens_carry_their_origin(hs):
+    body = chat_body("w1 w5 w9 w20", max_tokens=30, ignore_eos=True, stream=True)
+    with httpx.stream("POST", f"{hs.url}/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events, done = sse_events(r)
+    assert done
+    tokens, text = [], ""
+    for e in events[1:-1]:
+        piece = e["choices"][0]["delta"]["content"]
+        assert "".join(t["text"] for t in e["tandem"]["tokens"]) == piece      # marks add up to the text
+        assert e["tandem"]["acceptance_length"] >= 1.0 and e["tandem"]["tokens_per_second"] > 0
+        tokens += e["tandem"]["tokens"]
+        text += piece
+    final = events[-1]["tandem"]
+    origins = [t["origin"] for t in tokens]
+    assert set(origins) <= {"draft", "target", "lookup"}
+    assert len(tokens) == final["new_tokens"] == 30
+    assert origins.count("draft") == final["accepted"] > 0           # accepted drafts ...
+    assert origins.count("target") == final["rounds"] + 1            # ... and one target token per round + prefill
+    assert origins[0] == "target"
+
+
+def test_speculation_switch(hs, client):
+    prompt = [{"role": "user", "content": "w2 w9 w11"}]
+    on = client.chat.completions.create(model=MODEL, messages=prompt, temperature=0, max_tokens=16)
+    off = client.chat.completions.create(model=MODEL, messages=prompt, temperature=0, max_tokens=16,
+                                         extra_body={"tandem": {"speculation": False}})
+    off2 = client.chat.completions.create(model=MODEL, messages=prompt, temperature=0, max_tokens=16,
+                                          extra_body={"no_speculation": True})
+    assert on.tandem["speculative"] and on.tandem["proposed"] > 0
+    for o in (off, off2):
+        assert not o.tandem["speculative"] and o.tandem["proposed"] == 0 and o.tandem["acceptance_length"] == 1.0
+        assert o.choices[0].message.content == on.choices[0].message.content
+
+
+def test_sampling_parameters_and_seed(hs, client):
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "w4 w5"}], temperature=0.9, top_p=0.9, seed=11,
+              max_tokens=16, extra_body={"top_k": 20})
+    a, b = client.chat.completions.create(**kw), client.chat.completions.create(**kw)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    ref = grpc_generate(hs, prompt="w4 w5", chat=True, max_tokens=16, sampling={
+        "temperature": 0.9, "top_p": 0.9, "top_k": 20, "seed": 11, "has_seed": True})
+    assert a.choices[0].message.content == ref.text
+
+
+def test_stop_cuts_exactly_also_when_streaming(hs, client):
+    prompt = "w1 w5 w9 w20"
+    full = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                          temperature=0, max_tokens=24, extra_body={"ignore_eos": True})
+    text = full.choices[0].message.content
+    words = text.split(" ")
+    assert len(words) >= 10
+    # a stop string across a token boundary, starting inside a word
+    stop = words[6][1:] + " " + words[7]
+    expected = text[:text.index(stop)]
+    stops = [stop, "never-generated"]
+    cut = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}], temperature=0,
+                                         max_tokens=24, stop=stops, extra_body={"ignore_eos": True})
+    assert cut.choices[0].message.content == expected and cut.choices[0].finish_reason == "stop"
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                                 temperature=0, max_tokens=24, stop=stops, stream=True,
+                                                 extra_body={"ignore_eos": True}))
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(pieces) == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    # a single-string stop on completions, cut exactly too
+    comp = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=24, stop=words[3],
+                                     extra_body={"ignore_eos": True})
+    ref = grpc_generate(hs, prompt=prompt, max_tokens=24, ignore_eos=True).text
+    assert comp.choices[0].text == ref[:ref.index(words[3])] and comp.choices[0].finish_reason == "stop"
+    assert wait_until(lambda: hs.stack.target.sessions.count() == 0 and hs.stack.drafter.session_count() == 0, 2)
+
+
+def test_eight_parallel_streams(hs):
+    prompts = [f"w{i} w{i + 3} w{i + 7}" for i in range(3, 11)]
+    refs = [grpc_generate(hs, prompt=p, chat=True, max_tokens=24, ignore_eos=True).text for p in prompts]
+
+    async def one(client, prompt):
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=24, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        parts, usage = [], None
+        async for c in stream:
+            if c.choices:
+                parts.append(c.choices[0].delta.content or "")
+            if c.usage:
+                usage = c.usage
+        return "".join(parts), usage
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=f"{hs.url}/v1", api_key="x", max_retries=0, timeout=60) as client:
+            return await asyncio.gather(*(one(client, p) for p in prompts))
+
+    results = asyncio.run(main())
+    assert [r[0] for r in results] == refs
+    assert all(r[1].completion_tokens == 24 for r in results)
+    assert wait_until(lambda: hs.stack.target.sessions.count() == 0 and hs.stack.drafter.session_count() == 0, 2)
+
+
+def test_disconnect_mid_stream_frees_both_sessions(hs):
+    target, drafter = hs.stack.target, hs.stack.drafter
+    hs.slow.delay = 0.05                # ~200 rounds of 50 ms: many seconds if nobody cancelled it
+    try:
+        body = chat_body("w1 w2 w3", max_tokens=200, ignore_eos=True, stream=True)
+        with httpx.stream("POST", f"{hs.url}/v1/chat/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            seen = 0
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    seen += 1
+                if seen >= 4:
+                    break
+            assert target.sessions.count() == 1 and drafter.session_count() == 1
+            assert hs.gateway.active_requests == 1
+        closed = time.monotonic()
+        assert wait_until(lambda: target.sessions.count() == 0 and drafter.session_count() == 0, 3.0)
+        assert time.monotonic() - closed < 3.0 and hs.gateway.active_requests == 0
+    finally:
+        hs.slow.delay = 0.0
+    ok = httpx.post(f"{hs.url}/v1/chat/completions", json=chat_body(max_tokens=4), timeout=60)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 4
+
+
+# ---- errors --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("extra, param, code", [
+    ({"frobnicate": 1}, "frobnicate", "unknown_parameter"),
+    ({"n": 2}, "n", "unsupported_value"),
+    ({"temperature": -1}, "temperature", None),
+    ({"temperature": 2.5}, "temperature", None),
+    ({"temperature": "hot"}, "temperature", "invalid_type"),
+    ({"top_p": 0}, "top_p", None),
+    ({"max_tokens": 0}, "max_tokens", None),
+    ({"max_tokens": 100_000}, "max_tokens", "invalid_value"),      # the engine's ValueError
+    ({"stop": 5}, "stop", "invalid_type"),
+    ({"logprobs": True}, "logprobs", "unsupported_value"),
+    ({"tandem": {"speculate": False}}, "tandem.speculate", "unknown_parameter"),
+    ({"messages": []}, "messages", None),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", None),
+])
+def test_bad_requests_are_400_in_openai_shape(hs, extra, param, code):
+    r = httpx.post(f"{hs.url}/v1/chat/completions", json={**chat_body(), **extra}, timeout=30)
+    err = assert_error(r, 400, param, code)
+    assert err["type"] == "invalid_request_error"
+
+
+def test_bad_completion_requests_and_client_errors(hs, client):
+    assert_error(httpx.post(f"{hs.url}/v1/completions", json={"model": MODEL, "prompt": "w1", "n": 3}), 400, "n")
+    assert_error(httpx.post(f"{hs.url}/v1/completions", json={"model": MODEL, "prompt": [1, 999], "max_tokens": 3},
+                            timeout=30), 400)                                 # the verifier's INVALID_ARGUMENT
+    assert_error(httpx.post(f"{hs.url}/v1/completions", content=b"{not json", timeout=30), 400,
+                 code="invalid_json")
+    assert_error(httpx.post(f"{hs.url}/v1/chat/completions", json={**chat_body(), "model": "gpt-9"}), 404, "model")
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w1"}], n=2)
+    assert err.value.status_code == 400
+    # the gateway stays up
+    assert httpx.post(f"{hs.url}/v1/chat/completions", json=chat_body(max_tokens=3)).status_code == 200
+
+
+def test_bearer_token_is_required_when_configured(hs):
+    url = hs.serve("s3cret")
+    body = chat_body(max_tokens=3)
+    err = assert_error(httpx.post(f"{url}/v1/chat/completions", json=body), 401, code="invalid_api_key")
+    assert "token" in err["message"]
+    assert_error(httpx.post(f"{url}/v1/chat/completions", json=body, headers={"authorization": "Bearer nope"}), 401)
+    assert_error(httpx.get(f"{url}/v1/models"), 401)
+    assert httpx.get(f"{url}/health").status_code == 200                 # open, like the gRPC health checks
+    assert httpx.get(f"{url}/").status_code == 200                       # the page itself holds no secret
+    good = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret", max_retries=0)
+    assert good.chat.completions.create(**{k: v for k, v in body.items()}).usage.completion_tokens <= 3
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_over_max_concurrent_requests_is_429(hs):
+    gw, lt = hs.gateway, hs.stack.lt
+    state = {}
+
+    async def hold():
+        state["release"] = asyncio.Event()
+        async with gw.admit():
+            state["held"] = True
+            await state["release"].wait()
+
+    saved = gw.config.max_concurrent_requests
+    gw.config.max_concurrent_requests = 1
+    fut = asyncio.run_coroutine_threadsafe(hold(), lt.loop)
+    try:
+        assert wait_until(lambda: state.get("held"), 5)
+        for stream in (False, True):
+            r = httpx.post(f"{hs.url}/v1/chat/completions", json=chat_body(max_tokens=3, stream=stream), timeout=30)
+            err = assert_error(r, 429, code="rate_limit_exceeded")
+            assert "max-concurrent-requests" in err["message"]
+        with pytest.raises(openai.RateLimitError):
+            openai.OpenAI(base_url=f"{hs.url}/v1", api_key="x", max_retries=0).completions.create(
+                model=MODEL, prompt="w1", max_tokens=2)
+    finally:
+        lt.loop.call_soon_threadsafe(state["release"].set)
+        fut.result(5)
+        gw.config.max_concurrent_requests = saved
+    assert httpx.post(f"{hs.url}/v1/chat/completions", json=chat_body(max_tokens=3), timeout=30).status_code == 200
+
+
+def test_verifier_down_is_503(tiny_target_dir, tiny_drafter_onnx):
+    s = HttpStack(*load_pair(tiny_target_dir, tiny_drafter_onnx))
+    try:
+        assert httpx.get(f"{s.url}/health").status_code == 200
+        s.stack.lt.run(s.stack.verifier_service.stop(0))
+        s.stack.verifier_service = None
+        for path, body in (("/v1/chat/completions", chat_body(max_tokens=3)),
+                           ("/v1/chat/completions", chat_body(max_tokens=3, stream=True)),
+                           ("/v1/completions", {"model": MODEL, "prompt": "w1 w2", "max_tokens": 3})):
+            err = assert_error(httpx.post(f"{s.url}{path}", json=body, timeout=30), 503)
+            assert "verifier" in err["message"] and err["type"] == "server_error"
+        health = httpx.get(f"{s.url}/health", timeout=10)
+        assert health.status_code == 503 and health.json()["status"] == "unavailable"
+        with pytest.raises(openai.APIStatusError) as exc:
+            openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "w1"}], max_tokens=2)
+        assert exc.value.status_code == 503
+        assert s.gateway.active_requests == 0
+    finally:
+        s.close()

@@ -1,0 +1,376 @@
+"""gateway.draft_length: the cost model, the acceptance estimator, the choice of k and the probing policy,
+on hand-built cost tables and acceptance figures, and simulated sessions with known truth."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gateway.draft_length import (AcceptanceEstimator, CostModel, DraftLengthPolicy, RoundFigures, choose_k,
+                                  expected_tokens)
+from tandem.types import DraftToken, Proposal, VerifyOutcome
+
+
+def flat_acceptance(a: float, lookup: float = 0.8) -> AcceptanceEstimator:
+    """An estimator with no observations: every model position at ``a``, lookup tokens at ``lookup``."""
+    return AcceptanceEstimator(default=a, default_lookup=lookup)
+
+
+def cost_model(verify: dict[int, float], draft_per_token: float = 0.0, plain_oh: float = 0.0,
+               spec_oh: float | None = None) -> CostModel:
+    cost = CostModel()
+    cost.seed(verify)
+    cost.seed_draft(draft_per_token)
+    cost.seed_overhead(plain_oh, spec_oh)
+    return cost
+
+
+# ---- the choice ------------------------------------------------------------------------------------
+def test_plain_when_verify_of_width_one_costs_more_than_the_tokens_it_brings():
+    cost = cost_model({0: 10.0, 1: 17.0})              # t_verify(1) / t_verify(0) = 1.7
+    assert choose_k(cost, flat_acceptance(0.6), 1).k == 0      # 1 + a_1 = 1.6 < 1.7
+    assert choose_k(cost, flat_acceptance(0.8), 1).k == 1      # 1.8 > 1.7
+
+
+def test_decision_lists_every_candidate_and_plain_has_no_draft_cost_or_drafter_trip():
+    cost = cost_model({0: 10.0, 4: 12.0}, draft_per_token=1.0, plain_oh=0.5, spec_oh=3.0)
+    d = choose_k(cost, flat_acceptance(0.7), 4)
+    assert [c.k for c in d.candidates] == [0, 1, 2, 3, 4]
+    plain = d.candidates[0]
+    assert plain.expected_tokens == 1.0 and plain.expected_ms == pytest.approx(10.5)
+    c2 = d.candidates[2]
+    assert c2.expected_tokens == pytest.approx(1 + 0.7 + 0.49)
+    assert c2.expected_ms == pytest.approx(2 * 1.0 + 11.0 + 3.0)
+    best = max(d.candidates, key=lambda c: c.tokens_per_ms)
+    assert (d.k, d.tokens_per_ms) == (best.k, best.tokens_per_ms)
+    assert d.table()[d.k] == d.tokens_per_ms
+
+
+def test_long_block_when_verify_is_flat_and_acceptance_high():
+    cost = cost_model({0: 10.0, 8: 10.4}, draft_per_token=0.2, plain_oh=0.2, spec_oh=0.5)
+    assert choose_k(cost, flat_acceptance(0.9), 8).k >= 6
+    assert choose_k(cost, flat_acceptance(0.3), 8).k <= 2
+
+
+def test_slow_link_lengthens_the_block():
+    verify = {w: 10.0 * (1 + 0.1 * w) for w in range(9)}
+    near = choose_k(cost_model(verify, 0.5, 0.2, 0.7), flat_acceptance(0.75), 12)
+    far = choose_k(cost_model(verify, 0.5, 0.2, 8.0), flat_acceptance(0.75), 12)
+    assert far.k > near.k > 0
+    # and on a slow link, a drafter that is too weak to pay for the trip is switched off
+    assert choose_k(cost_model(verify, 0.5, 0.2, 20.0), flat_acceptance(0.4), 12).k == 0
+
+
+def test_k_max_bounds_the_choice_and_zero_budget_is_plain():
+    cost = cost_model({0: 10.0, 8: 10.0})
+    assert choose_k(cost, flat_acceptance(0.95), 3).k == 3
+    d = choose_k(cost, flat_acceptance(0.95), 0)
+    assert d.k == 0 and d.reason == "no-budget" and len(d.candidates) == 1
+
+
+def test_expected_tokens():
+    assert expected_tokens([]) == 1.0
+    assert expected_tokens([0.5, 0.5]) == pytest.approx(1.75)
+    # constant acceptance: DESIGN.md's (1 - a^(k+1)) / (1 - a)
+    assert expected_tokens([0.7] * 5) == pytest.approx((1 - 0.7 ** 6) / 0.3)
+
+
+def test_lookup_tokens_raise_expected_tokens_and_cut_draft_cost():
+    cost = cost_model({0: 10.0, 4: 10.4}, draft_per_token=1.0, spec_oh=0.5)
+    cost.observe(RoundFigures(width=4, accepted=4, verify_ms=10.4, round_ms=11.0, draft_ms=0.04,
+                              from_lookup=(True,) * 4))            # lookup-only block: 0.01 ms a token
+    assert cost.lookup_ms_per_token == pytest.approx(0.01)
+    assert cost.expected_ms(4, lookup_tokens=4) < cost.expected_ms(4) - 3.5
+    acc = flat_acceptance(0.5, lookup=0.9)
+    plain = choose_k(cost, acc, 4)
+    looked = choose_k(cost, acc, 4, lookup_available=3)
+    assert looked.candidates[3].expected_tokens == pytest.approx(expected_tokens([0.9] * 3))
+    assert looked.candidates[4].expected_tokens == pytest.approx(expected_tokens([0.9, 0.9, 0.9, 0.5]))
+    assert looked.tokens_per_ms > plain.tokens_per_ms
+
+
+# ---- the cost model ----------------------------------------------------------------------------------
+def test_verify_interpolation_is_monotone_and_sensible():
+    cost = CostModel()
+    cost.seed({0: 10.0, 2: 9.0, 4: 14.0, 8: 22.0})            # 2 < 0: noise, pooled by the monotone fit
+    values = [cost.verify_ms(w) for w in range(17)]
+    assert all(b >= a for a, b in zip(values, values[1:]))
+    assert cost.verify_ms(0) == pytest.approx(9.5) == cost.verify_ms(2)
+    assert cost.verify_ms(6) == pytest.approx(18.0)            # halfway between 4 and 8
+    assert cost.verify_ms(12) > cost.verify_ms(8)              # extrapolated with a positive slope
+    single = CostModel(default_slope=0.25)
+    single.seed({2: 15.0})                                    # one width: v(w) = v0 (1 + 0.25 w)
+    assert single.verify_ms(0) == pytest.approx(10.0)
+    assert single.verify_ms(4) == pytest.approx(20.0)
+    assert not CostModel().ready and single.ready
+
+
+def test_decayed_means_converge_to_a_changed_cost():
+    cost = CostModel(alpha=0.15)
+    cost.seed({0: 5.0, 2: 5.0})
+
+    def rnd(verify, draft, overhead):
+        return RoundFigures(width=2, accepted=1, verify_ms=verify, draft_ms=draft, round_ms=verify + draft + overhead)
+
+    for _ in range(40):
+        cost.observe(rnd(10.0, 2.0, 1.0))
+    assert cost.verify_ms(2) == pytest.approx(10.0, rel=0.01)
+    assert cost.draft_ms_per_token == pytest.approx(1.0, rel=0.01)
+    for _ in range(40):
+        cost.observe(rnd(20.0, 4.0, 3.0))                     # the machine got busy, the link slower
+    assert cost.verify_ms(2) == pytest.approx(20.0, rel=0.02)
+    assert cost.draft_ms_per_token == pytest.approx(2.0, rel=0.02)
+    assert cost.speculative_overhead_ms == pytest.approx(3.0, rel=0.02)
+
+
+def test_overheads_split_the_drafter_round_trip():
+    cost = CostModel()
+    cost.seed({0: 10.0})
+    for _ in range(30):
+        cost.observe(RoundFigures(width=0, accepted=0, verify_ms=10.0, round_ms=10.5))            # plain
+        cost.observe(RoundFigures(width=2, accepted=2, verify_ms=11.0, draft_ms=2.0, round_ms=21.5))
+    assert cost.plain_overhead_ms == pytest.approx(0.5, rel=0.01)
+    assert cost.speculative_overhead_ms == pytest.approx(8.5, rel=0.01)
+    assert cost.drafter_round_trip_ms == pytest.approx(8.0, rel=0.02)
+    assert cost.expected_ms(0) == pytest.approx(10.5, rel=0.01)              # no trip to the drafter
+    table = cost.table()
+    assert table["drafter_round_trip_ms"] == pytest.approx(8.0, rel=0.02) and "verify_ms_w4" in table
+    # a timed Propose call measures the plain part on speculative rounds too
+    timed = CostModel()
+    for _ in range(30):
+        timed.observe(RoundFigures(width=2, accepted=2, verify_ms=11.0, draft_ms=2.0, round_ms=21.5,
+                                   propose_wall_ms=10.0))
+    assert timed.plain_overhead_ms == pytest.approx(0.5, rel=0.01)
+
+
+def test_figures_from_proposal_and_outcome():
+    proposal = Proposal((DraftToken(5, from_lookup=True), DraftToken(6), DraftToken(7)), compute_ms=2.0)
+    fig = RoundFigures.from_outcome(proposal, VerifyOutcome(1, 9, False, compute_ms=11.0), round_ms=15.0)
+    assert (fig.width, fig.accepted, fig.lookup_tokens, fig.model_tokens) == (3, 1, 1, 2)
+    assert fig.speculative and fig.verify_ms == 11.0 and fig.draft_ms == 2.0
+    empty = RoundFigures.from_outcome(Proposal(()), VerifyOutcome(0, 9, False, 10.0), 10.5)
+    assert not empty.speculative
+    with pytest.raises(ValueError):
+        RoundFigures(width=2, accepted=3, verify_ms=1.0, round_ms=1.0)
+
+
+# ---- acceptance ---------------------------------------------------------------------------------------
+def test_acceptance_is_conditional_and_censored_after_the_first_rejection():
+    acc = AcceptanceEstimator(alpha=0.1, prior_weight=0.0)
+    for _ in range(20):
+        acc.observe_block((False,) * 4, accepted=1)           # 0 accepted, 1 rejected, 2 and 3 unseen
+    assert acc.model_acceptance(0) == pytest.approx(0.995)    # clipped below 1
+    assert acc.model_acceptance(1) == pytest.approx(0.001)    # clipped above 0
+    assert [s.t for s in acc._model] == [20, 20]
+
+
+def test_lookup_acceptance_is_learned_apart():
+    acc = AcceptanceEstimator(alpha=0.2, default=0.5, default_lookup=0.5)
+    for _ in range(30):
+        acc.observe_block((True, True, False, False), accepted=3)   # lookups kept, 1st model kept, 2nd not
+    assert acc.lookup_acceptance() > 0.95
+    assert acc.model_acceptance(0) > 0.95                     # model tokens counted from the first model token
+    assert acc.model_acceptance(1) < 0.05
+
+
+def test_session_starts_from_the_gateway_figures_then_follows_its_own():
+    gateway = AcceptanceEstimator(alpha=0.02)
+    for _ in range(200):
+        gateway.observe_block((False, False), accepted=1)     # other sessions: a1 ~ 1, a2 ~ 0
+    session = AcceptanceEstimator(alpha=0.1, prior=gateway)
+    assert session.model_acceptance(0) == pytest.approx(gateway.model_acceptance(0))
+    assert session.model_acceptance(1) == pytest.approx(gateway.model_acceptance(1))
+    one = AcceptanceEstimator(alpha=0.1, prior=gateway)
+    one.observe_block((False,), accepted=0)                    # one early rejection: not driven to 0
+    assert one.model_acceptance(0) > 0.6
+    for _ in range(60):
+        session.observe_block((False, False), accepted=2)     # this session: both accepted
+    assert session.model_acceptance(1) > 0.9
+    assert gateway.model_acceptance(1) > 0.05                 # shared, but the gateway moves slowly
+
+
+def test_relax_drifts_stale_session_figures_back_to_the_prior():
+    gateway = AcceptanceEstimator(alpha=0.02)
+    for _ in range(200):
+        gateway.observe_block((False,), accepted=1)
+    session = AcceptanceEstimator(alpha=0.1, prior=gateway, share=False)
+    for _ in range(30):
+        session.observe_block((False,), accepted=0)
+    low = session.model_acceptance(0)
+    for _ in range(100):
+        session.relax(0.02)
+    assert low < 0.1 < 0.7 < session.model_acceptance(0)
+
+
+# ---- the policy --------------------------------------------------------------------------------------
+def losing_policy(**kw) -> DraftLengthPolicy:
+    """A drafter that never pays: plain wins the choice every round."""
+    cost = cost_model({0: 10.0, 1: 15.0, 2: 20.0}, draft_per_token=1.0, plain_oh=0.1, spec_oh=0.5)
+    return DraftLengthPolicy(cost, AcceptanceEstimator(default=0.01), **kw)
+
+
+def plain_round() -> RoundFigures:
+    return RoundFigures(width=0, accepted=0, verify_ms=10.0, round_ms=10.1)
+
+
+def test_probing_schedule_doubles_while_probes_lose_up_to_the_cap_and_resets_on_a_win():
+    policy = losing_policy(probe_every=4, probe_cap=32)
+    probes = []
+    for rnd in range(1, 200):
+        d = policy.next_k(8)
+        if d.reason == "probe":
+            assert d.k == 1                                    # the most promising short block
+            probes.append(rnd)
+            policy.observe(RoundFigures(width=1, accepted=0, verify_ms=15.0, draft_ms=1.0, round_ms=16.5))
+        else:
+            assert d.k == 0
+            policy.observe(plain_round())
+    assert probes == [4, 12, 28, 60, 92, 124, 156, 188]      # intervals 4, 8, 16, 32 (cap), 32, ...
+    # a winning probe (the block was accepted and the round was quick) resets the interval
+    policy = losing_policy(probe_every=4, probe_cap=64)
+    seen = []
+    for rnd in range(1, 60):
+        d = policy.next_k(8)
+        if d.reason == "probe":
+            seen.append(rnd)
+            won = rnd == 12
+            policy.observe(RoundFigures(width=1, accepted=int(won), verify_ms=15.0, draft_ms=1.0,
+                                        round_ms=12.0 if won else 16.5))
+        else:
+            policy.observe(plain_round())
+    assert seen[:4] == [4, 12, 16, 24]                         # 4, then 8; win at 12: 4 again, then 8
+
+
+def test_pinned_k_is_honoured_and_figures_still_recorded():
+    gateway = AcceptanceEstimator(alpha=0.02)
+    policy = DraftLengthPolicy(cost_model({0: 10.0, 1: 30.0}), AcceptanceEstimator(prior=gateway), pinned=3)
+    for _ in range(10):
+        d = policy.next_k(8)
+        assert d.k == 3 and d.reason == "pinned"
+        policy.observe(RoundFigures(width=3, accepted=0, verify_ms=30.0, draft_ms=3.0, round_ms=34.0))
+    assert policy.next_k(2).k == 2                            # never past the round's budget
+    assert policy.cost.rounds_observed == 10
+    assert gateway._model[0].t == 10 and gateway.model_acceptance(0) < 0.6
+
+
+def test_no_figures_yet_uses_the_fallback_k():
+    policy = DraftLengthPolicy(CostModel(), AcceptanceEstimator(), fallback_k=2)
+    d = policy.next_k(8)
+    assert (d.k, d.reason) == (2, "no-figures")
+    policy.observe(RoundFigures(width=2, accepted=1, verify_ms=10.0, draft_ms=1.0, round_ms=12.0))
+    assert policy.next_k(8).reason == "best"
+
+
+# ---- simulated sessions with known truth -------------------------------------------------------------
+class Truth:
+    def __init__(self, verify, draft_ms, plain_oh, rtt, acceptance):
+        self.verify, self.draft_ms, self.plain_oh, self.rtt = verify, draft_ms, plain_oh, rtt
+        self.acceptance = acceptance          # position (0-based) -> conditional acceptance
+
+    def ms(self, k: int) -> float:
+        return self.verify(k) + (self.draft_ms * k + self.rtt if k else 0.0) + self.plain_oh
+
+    def tokens_per_ms(self, k: int) -> float:
+        return expected_tokens([self.acceptance(i) for i in range(k)]) / self.ms(k)
+
+
+def simulate(truth: Truth, sessions=12, tokens=300, seed=1234, noise=0.05, k_max=8, policy_kw=None):
+    """Realized tokens/ms of auto over several sessions sharing one cost model and gateway-wide prior.
+    The cost model is seeded from the verifier's profile (widths 0..4), as GetInfo would."""
+    rng = random.Random(seed)
+    cost = CostModel()
+    cost.seed({w: truth.verify(w) for w in range(5)})
+    gateway = AcceptanceEstimator(alpha=0.02)
+    total_tokens = total_ms = 0.0
+    ks = []
+    for _ in range(sessions):
+        policy = DraftLengthPolicy(cost, AcceptanceEstimator(prior=gateway), **(policy_kw or {}))
+        remaining = tokens
+        while remaining > 0:
+            k = policy.next_k(min(k_max, remaining - 1)).k
+            n = 0
+            while n < k and rng.random() < truth.acceptance(n):
+                n += 1
+
+            def jitter(x):
+                return x * max(0.0, 1.0 + rng.gauss(0.0, noise))
+
+            verify = jitter(truth.verify(k))
+            draft = jitter(truth.draft_ms * k) if k else 0.0
+            round_ms = verify + draft + jitter(truth.plain_oh + (truth.rtt if k else 0.0))
+            policy.observe(RoundFigures(width=k, accepted=n, verify_ms=verify, draft_ms=draft, round_ms=round_ms))
+            emitted = min(n + 1, remaining)
+            remaining -= emitted
+            total_tokens += emitted
+            total_ms += round_ms
+            ks.append(k)
+    return total_tokens / total_ms, ks
+
+
+def fixed(truth: Truth, k_max=8) -> dict[int, float]:
+    """Realized tokens/ms of every fixed k under the same simulation (same seed): the hindsight baseline."""
+    return {k: simulate(truth, policy_kw={"pinned": k})[0] for k in range(k_max + 1)}
+
+
+def test_simulated_amd_like_steep_verify_stays_plain():
+    """verify(w=2) = 2 x verify(0), acceptance 0.5: speculation loses; auto must not."""
+    truth = Truth(lambda w: 10.0 * (1 + 0.5 * w), 0.5, 0.2, 0.5, lambda i: 0.5)
+    assert max(range(9), key=truth.tokens_per_ms) == 0
+    baseline = fixed(truth)
+    assert max(baseline, key=baseline.get) == 0
+    auto, ks = simulate(truth)
+    assert auto >= 0.98 * baseline[0]
+    assert ks.count(0) > 0.8 * len(ks)
+
+
+def test_simulated_intel_like_flat_verify_matches_the_best_fixed_k():
+    truth = Truth(lambda w: 10.0 * (1 + 0.02 * w), 0.3, 0.2, 0.5, lambda i: 0.7)
+    baseline = fixed(truth)
+    best = max(baseline, key=baseline.get)
+    assert best >= 4 and baseline[best] > 2 * baseline[0]
+    auto, _ = simulate(truth)
+    assert auto >= 0.97 * baseline[best]
+
+
+def test_simulated_useless_drafter_is_switched_off():
+    truth = Truth(lambda w: 10.0 * (1 + 0.15 * w), 1.0, 0.2, 0.5, lambda i: 0.02)
+    baseline = fixed(truth, k_max=4)
+    assert baseline[4] < 0.6 * baseline[0]                    # fixed k = 4 is far below plain
+    auto, ks = simulate(truth)
+    assert auto >= 0.95 * baseline[0]
+    assert ks.count(0) > 0.9 * len(ks)
+
+
+def test_simulated_slow_link_keeps_speculating_with_longer_blocks():
+    truth = Truth(lambda w: 10.0 * (1 + 0.1 * w), 0.5, 0.2, 8.0, lambda i: 0.75)
+    baseline = fixed(truth)
+    best = max(baseline, key=baseline.get)
+    assert baseline[1] < baseline[0] < baseline[best]         # a short block cannot pay for the trip
+    auto, ks = simulate(truth)
+    assert auto >= 0.90 * baseline[best]                       # 0.92-0.97 over seeds: the weakest case
+    spec = [k for k in ks if k]
+    assert sum(spec) / len(spec) >= 3
+
+
+def test_a_session_that_turns_predictable_gets_speculation_back():
+    """200 rounds of a useless drafter (plain wins, probes back off), then the text turns predictable."""
+    cost = CostModel()
+    cost.seed({w: 10.0 * (1 + 0.05 * w) for w in range(5)})
+    policy = DraftLengthPolicy(cost, AcceptanceEstimator(prior=AcceptanceEstimator(alpha=0.02)))
+    rng = random.Random(7)
+    ks = []
+    for rnd in range(600):
+        a = 0.02 if rnd < 200 else 0.9
+        k = policy.next_k(8).k
+        n = 0
+        while n < k and rng.random() < a:
+            n += 1
+        verify = 10.0 * (1 + 0.05 * k)
+        policy.observe(RoundFigures(width=k, accepted=n, verify_ms=verify, draft_ms=0.3 * k,
+                                    round_ms=verify + 0.3 * k + (0.7 if k else 0.2)))
+        ks.append(k)
+    assert ks[150:200].count(0) >= 45                          # plain while the drafter is useless
+    back = next(i for i in range(200, 600) if all(k > 0 for k in ks[i:i + 20]))
+    assert back < 200 + 150                                    # speculating again within 150 rounds
+    assert sum(ks[450:]) / 150 >= 4                            # with long blocks
