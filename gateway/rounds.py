@@ -25,6 +25,8 @@ from gateway.draft_length import DraftLengthPolicy, RoundFigures
 from gateway.ports import DrafterLostSession, DrafterPort, DrafterUnavailable, VerifierPort
 from gateway.tracing import round_attributes
 from tandem import telemetry
+from tandem.draft_checks import check_draft
+from tandem.errors import CapacityExceeded, InvalidInput
 from tandem.round_record import Round
 from tandem.types import Proposal, SamplingParams
 
@@ -46,19 +48,14 @@ class Request:
 
 
 def check_proposal(proposal: Proposal, k: int, vocab_size: int, sampled: bool) -> None:
-    """Raises DrafterUnavailable when a proposal cannot be verified as is: more than k tokens, ids outside
-    the target's vocabulary, or (sampled) a token without a usable q."""
-    if len(proposal.tokens) > k:
-        raise DrafterUnavailable(f"drafter proposed {len(proposal.tokens)} tokens when asked for {k}")
+    """Raises DrafterUnavailable when a proposal cannot be verified as is (more than k tokens, ids outside
+    the target's vocabulary, a q that cannot be the one the tokens were drawn from: tandem.draft_checks)."""
     if not math.isfinite(proposal.compute_ms):
         raise DrafterUnavailable(f"drafter reported compute_ms {proposal.compute_ms}")
-    for i, tok in enumerate(proposal.tokens):
-        if vocab_size and not 0 <= tok.token_id < vocab_size:
-            raise DrafterUnavailable(f"drafter proposed token id {tok.token_id} at position {i}, outside the "
-                                     f"target's vocabulary [0, {vocab_size})")
-        if sampled and tok.token_id not in tok.support_ids:
-            raise DrafterUnavailable(f"drafter sent no q for its token at position {i} (a sampled session needs "
-                                     "the distribution each draft token was drawn from)")
+    try:
+        check_draft(proposal.tokens, vocab_size or 2**31 - 1, sampled, max_block=k)
+    except (InvalidInput, CapacityExceeded) as exc:
+        raise DrafterUnavailable(f"drafter sent an unusable proposal: {exc}") from exc
 
 
 async def generate_rounds(req: Request, verifier: VerifierPort, drafter: DrafterPort | None,

@@ -8,6 +8,55 @@ import argparse
 import os
 
 DEFAULT_HOST = "127.0.0.1"
+# The port each service listens on by default: an address flag given without a port gets its service's.
+DEFAULT_PORTS = {"gateway": 50051, "drafter": 50061, "verifier": 50062}
+
+
+def address(value: str | None, default_port: int) -> str | None:
+    """``host:port`` from an address flag's value, with ``default_port`` where it names no port
+    (``localhost`` -> ``localhost:50051``; gRPC would otherwise dial 443). IPv6 literals get brackets
+    (``::1`` -> ``[::1]:50051``); ``unix:`` / ``dns:`` and other gRPC target URIs pass unchanged, as do
+    '' and None (no address). Raises ValueError on a port that is not a number in 1..65535."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value or "://" in value or value.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:",
+                                                         "vsock:")):
+        return value
+    if value.startswith("["):                                   # [v6] or [v6]:port
+        host, _, rest = value[1:].partition("]")
+        if not rest:
+            return f"[{host}]:{default_port}"
+        if not rest.startswith(":"):
+            raise ValueError(f"bad address {value!r}: expected [IPv6]:PORT")
+        port = rest[1:]
+    elif value.count(":") > 1:                                  # a bare IPv6 literal
+        return f"[{value}]:{default_port}"
+    elif ":" in value:
+        host, _, port = value.rpartition(":")
+        if not host:
+            raise ValueError(f"bad address {value!r}: expected HOST:PORT, e.g. 127.0.0.1:{default_port}")
+    else:
+        return f"{value}:{default_port}"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad address {value!r}: the port must be a number 1-65535, e.g. "
+                         f"{value.rsplit(':', 1)[0]}:{default_port}")
+    return value
+
+
+def service_address(value: str | None, service: str, flag_name: str) -> str | None:
+    """``address`` for a flag naming where ``service`` (gateway, drafter, verifier) listens, with the flag in
+    the error; refuses a model folder given where an address belongs (``TANDEM_DRAFTER`` is a folder to
+    serve-drafter and up, but host:port to serve-gateway)."""
+    if value and (value == "default" or "/" in value.split("://", 1)[-1]) and not value.startswith("unix"):
+        raise ValueError(f"{flag_name} {value!r} looks like a model or folder, but here it is the {service} "
+                         f"service's address host:port (e.g. 127.0.0.1:{DEFAULT_PORTS[service]}); "
+                         f"{env_name(flag_name.lstrip('-'))} means a folder to serve-{service} and up, an address to "
+                         "serve-gateway: set it per service")
+    try:
+        return address(value, DEFAULT_PORTS[service])
+    except ValueError as exc:
+        raise ValueError(f"{flag_name}: {exc}") from None
 
 
 def env_name(name: str) -> str:

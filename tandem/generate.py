@@ -10,14 +10,16 @@ from google.protobuf.json_format import MessageToDict
 
 from tandem.pb import common_pb2, gateway_grpc, gateway_pb2
 from tandem.convert import round_from_pb
-from tandem.flags import DEFAULT_HOST, env, flag, security_flags
+from tandem.flags import DEFAULT_HOST, DEFAULT_PORTS, address, env, flag, security_flags
 from tandem.round_record import round_table as record_table
 from tandem.serving import CHANNEL_OPTIONS
 
 
 def configure(p) -> None:
-    p.add_argument("prompt", help="the prompt text")
-    flag(p, "gateway", f"{DEFAULT_HOST}:50051", help="gateway address host:port")
+    p.add_argument("prompt", nargs="?", default=None, help="the prompt text; '-' reads it from stdin")
+    flag(p, "prompt-file", None, help="read the prompt from this file (UTF-8) instead")
+    flag(p, "gateway", f"{DEFAULT_HOST}:{DEFAULT_PORTS['gateway']}", help="gateway address host:port (without a "
+         f"port: {DEFAULT_PORTS['gateway']})")
     flag(p, "max-tokens", 128, int, help="new tokens to generate at most")
     flag(p, "temperature", 0.0, float, help="0 = greedy; > 0 samples")
     flag(p, "top-k", 0, int, help="sample among the k most likely tokens (0 = off)")
@@ -38,7 +40,31 @@ def configure(p) -> None:
 
 
 def run(args) -> int:
+    args.prompt = read_prompt(args)
     return generate_command(args)
+
+
+def read_prompt(args) -> str:
+    """The prompt: the argument, stdin for '-', or --prompt-file (one of them; ValueError otherwise)."""
+    prompt, path = getattr(args, "prompt", None), getattr(args, "prompt_file", None)
+    if path and prompt is not None:
+        raise ValueError("give the prompt either as an argument or with --prompt-file, not both")
+    if path:
+        from pathlib import Path
+
+        file = Path(path).expanduser()
+        if not file.is_file():
+            raise FileNotFoundError(f"--prompt-file {path}: no such file")
+        return file.read_text(encoding="utf-8")
+    if prompt == "-":
+        if sys.stdin is None or sys.stdin.isatty():
+            raise ValueError("prompt '-' reads stdin, but stdin is a terminal: pipe the prompt in "
+                             "(echo 'Hi' | tandem generate -) or use --prompt-file FILE")
+        return sys.stdin.read()
+    if prompt is None:
+        raise ValueError("no prompt: give it as an argument (tandem generate \"Hi\"), '-' for stdin, or "
+                         "--prompt-file FILE")
+    return prompt
 
 
 def build_request(args) -> gateway_pb2.GenerateRequest:
@@ -67,10 +93,13 @@ def round_table(s: gateway_pb2.GenerateStats) -> str:
 def generate_command(args) -> int:
     from tandem import security
 
+    from tandem.health import explain
+
     request = build_request(args)
     sec = security.default()
     metadata = sec.call_metadata()
-    with sec.sync_channel(args.gateway, options=CHANNEL_OPTIONS) as channel:
+    gateway = address(args.gateway, DEFAULT_PORTS["gateway"])
+    with sec.sync_channel(gateway, options=CHANNEL_OPTIONS) as channel:
         stub = gateway_grpc.GatewayStub(channel)
         try:
             if args.stream and not args.json:
@@ -85,7 +114,10 @@ def generate_command(args) -> int:
             else:
                 reply = stub.Generate(request, timeout=args.timeout, metadata=metadata)
         except grpc.RpcError as err:
-            print(f"tandem generate: {err.code().name}: {err.details()}", file=sys.stderr)
+            reason = None
+            if err.code() == grpc.StatusCode.UNAVAILABLE:     # the gateway itself, or one of its nodes?
+                reason = explain("gateway", gateway, err.code(), err.details(), sec.client_tls, timeout=3.0)
+            print(f"tandem generate: {reason or f'{err.code().name}: {err.details()}'}", file=sys.stderr)
             return 1
     if args.json:
         print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)))

