@@ -59,6 +59,14 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                                         stats=stats_to_pb(stats))
 
 
+    async def GetStatus(self, request, context):
+        return status_to_pb(self.gateway.status())
+
+
+def status_to_pb(status: dict) -> gateway_pb2.GatewayStatus:
+    return gateway_pb2.GatewayStatus(**status)
+
+
 class _errors_to_status:
     """Async context manager mapping domain and upstream errors to the client's gRPC status."""
 

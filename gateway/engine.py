@@ -98,6 +98,7 @@ class Gateway:
             self.cost.seed(target_info.verify_ms_by_width)
         self.acceptance = {True: AcceptanceEstimator(alpha=0.02), False: AcceptanceEstimator(alpha=0.02)}
         self.metrics = GatewayMetrics()         # Prometheus registry, served by --metrics-port
+        self.metrics.watch(self.status)
         self._drafter_info: ModelInfo | None = None
         self._drafter_down_since: float | None = None
         self.drafter_down_reason = ""
@@ -176,6 +177,14 @@ class Gateway:
             self._drafter_info = info if info.vocab_hash == self.target.vocab_hash else None
             self._drafter_down_since = None
             self.drafter_down_reason = ""
+
+    def status(self) -> dict:
+        """What ``tandem health --verbose`` and the metrics show: the drafter's state and what the draft-length
+        choice has measured."""
+        return {"target_model": self.target.model_name, "draft_model": self.drafter_name,
+                "drafter_up": self.drafter_healthy, "drafter_down_reason": self.drafter_down_reason,
+                "active_requests": self.active_requests, "cost_model": self.cost.table(),
+                "acceptance_greedy": self.acceptance[True].table(), "acceptance_sampled": self.acceptance[False].table()}
 
     @property
     def drafter_name(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 from tandem.metrics import COMPUTE_BUCKETS, E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, ServiceMetrics, SpecDecodeCounters
 
@@ -27,6 +28,13 @@ class GatewayMetrics(ServiceMetrics):
         self.generation_tokens = Counter("tandem:generation_tokens", "Tokens generated.", registry=r)
         self.request_success = Counter("tandem:request_success", "Finished requests by finish reason.",
                                        ["finish_reason"], registry=r)
+        self.draft_length = Counter("tandem:draft_length_chosen", "Rounds by the draft length k chosen (0: a plain "
+                                    "step) and why (best, probe, pinned, no-figures).", ["k", "reason"], registry=r)
+
+    def watch(self, status) -> None:
+        """Exposes ``status()`` (Gateway.status: the draft-length choice's cost model and acceptance estimates)
+        as gauges, read at each scrape."""
+        self.registry.register(_DraftLengthCollector(status))
 
     def round(self, rnd, stats) -> None:
         """One ``gateway.rounds.Round``, after ``stats.add(rnd)``; index 0 (the prefill) gives the TTFT."""
@@ -34,6 +42,7 @@ class GatewayMetrics(ServiceMetrics):
             self.ttft.observe(stats.ttft_ms / 1e3)
             return
         self.spec.observe(rnd.proposed, rnd.accepted)
+        self.draft_length.labels(k=str(rnd.k), reason=rnd.k_reason or "fixed").inc()
         self.itl.observe(rnd.round_ms / 1e3)
         self.round_overhead.observe(rnd.overhead_ms / 1e3)
 
@@ -43,3 +52,26 @@ class GatewayMetrics(ServiceMetrics):
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.generation_tokens.inc(stats.new_tokens)
         self.request_success.labels(finish_reason=finish_reason or "unknown").inc()
+
+
+class _DraftLengthCollector:
+    """tandem:draft_cost{figure} (ms: verify_ms_w<N>, draft_ms_per_token, overheads, drafter round trip) and
+    tandem:acceptance_estimate{sampling, position} from the gateway's live status."""
+
+    def __init__(self, status):
+        self.status = status
+
+    def collect(self):
+        status = self.status()
+        cost = GaugeMetricFamily("tandem:draft_cost", "The draft-length choice's measured costs (ms).",
+                                 labels=["figure"])
+        for name, value in status["cost_model"].items():
+            cost.add_metric([name], float(value))
+        yield cost
+        acceptance = GaugeMetricFamily("tandem:acceptance_estimate", "Gateway-wide conditional acceptance per "
+                                       "draft position (a1, a2, ...; a_lookup for prompt-lookup tokens).",
+                                       labels=["sampling", "position"])
+        for mode in ("greedy", "sampled"):
+            for name, value in status[f"acceptance_{mode}"].items():
+                acceptance.add_metric([mode, name], float(value))
+        yield acceptance

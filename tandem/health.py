@@ -47,6 +47,8 @@ def configure(p) -> None:
     flag(p, "timeout", 5.0, float, help="seconds to wait for each answer")
     flag(p, "wait", 0.0, float, help="keep asking for up to this many seconds until the service is SERVING (for "
          "scripts that start a service and then use it; 0: ask once)")
+    flag(p, "verbose", help="for a gateway, also show what it measured: verify ms by block width, draft and "
+         "network costs, acceptance estimates (the figures the automatic draft length is chosen from)", cast=bool)
     security_flags(p, server=False)
 
 
@@ -186,6 +188,31 @@ def served(address: str, timeout: float = 5.0, security=None) -> list[str]:
     return out
 
 
+def print_status(address: str, timeout: float) -> None:
+    """A gateway's GetStatus: the drafter's state and the draft-length choice's measured costs and acceptance."""
+    from tandem import security as sec
+    from tandem.pb import gateway_grpc, gateway_pb2
+
+    security = sec.default()
+    with security.sync_channel(address) as channel:
+        try:
+            st = gateway_grpc.GatewayStub(channel).GetStatus(gateway_pb2.GetStatusRequest(), timeout=timeout,
+                                                              metadata=security.call_metadata())
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                print("  (not a gateway: --verbose shows a gateway's draft-length figures)")
+                return
+            raise
+    drafter = (f"{st.draft_model or 'up'}" if st.drafter_up else f"down ({st.drafter_down_reason or 'none configured'})")
+    print(f"  target {st.target_model}; drafter {drafter}; {st.active_requests} requests in flight")
+    cost = dict(st.cost_model)
+    widths = sorted(int(k[len("verify_ms_w"):]) for k in cost if k.startswith("verify_ms_w"))
+    print("  verify ms by block width: " + "  ".join(f"{w}: {cost[f'verify_ms_w{w}']:.1f}" for w in widths))
+    print("  " + "  ".join(f"{k} {v:.2f}" for k, v in cost.items() if not k.startswith("verify_ms_w")))
+    for mode, table in (("greedy", st.acceptance_greedy), ("sampled", st.acceptance_sampled)):
+        print(f"  acceptance ({mode}): " + "  ".join(f"{k} {v:.2f}" for k, v in table.items()))
+
+
 def _what(service: str) -> str:
     name = SERVICES.get(service, service)
     return next((k for k, v in SERVICES.items() if k and v == name), "service")
@@ -211,6 +238,8 @@ def run(args) -> int:
         time.sleep(min(0.5, max(0.0, end - time.monotonic())))
     if err is None:
         print(f"{args.address}: {status}")
+        if getattr(args, "verbose", False) and status == "SERVING":
+            print_status(args.address, args.timeout)
         return 0 if status == "SERVING" else 1
     if err.code() == grpc.StatusCode.NOT_FOUND and args.service:
         name = SERVICES.get(args.service, args.service)

@@ -164,7 +164,10 @@ async def start_service(name: str, register: Callable[[grpc.aio.Server], None], 
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    try:
+        bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError:            # grpc.aio raises "Failed to bind to address ..." itself
+        bound = 0
     if bound == 0:
         raise OSError(f"{name}: cannot listen on {address} (port in use?)")
     await server.start()

@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import grpc  # noqa: E402
 
-from processes import OtlpReceiver, Services  # noqa: E402
+from procs import OtlpReceiver, Services  # noqa: E402
 from tandem.pb import gateway_grpc, gateway_pb2  # noqa: E402
 
 

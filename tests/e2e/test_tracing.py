@@ -6,7 +6,7 @@ from collections import defaultdict
 import grpc
 import pytest
 
-from processes import OtlpReceiver, Services
+from procs import OtlpReceiver, Services
 from tandem.pb import gateway_grpc, gateway_pb2
 
 SERVER = 2  # opentelemetry.proto.trace.v1.Span.SPAN_KIND_SERVER

@@ -64,7 +64,7 @@ def test_serve_verifier_with_a_missing_target_says_which_flag():
 
 
 def test_up_with_a_missing_target_ends_without_a_traceback():
-    r = tandem("up", "--target", "/nope/model", "--gateway-port", str(free_port()), timeout=180)
+    r = tandem("up", "--target", "/nope/model", "--gateway-port", str(free_port()), "--http-port", "-1", timeout=180)
     assert r.returncode != 0
     assert "Traceback" not in r.stderr, r.stderr
     assert "--target /nope/model: no such file or directory" in r.stderr

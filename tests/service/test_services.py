@@ -183,3 +183,26 @@ def test_incompatible_drafter_is_refused(tiny_target_dir, tmp_path, tiny_drafter
         assert len(plain.token_ids) == 4
     finally:
         s.close()
+
+
+def test_auto_draft_length_reports_its_choice_and_costs(stack):
+    """draft_length 0 = auto: every round says which k it chose and why; the gateway's status and metrics
+    show the cost table and acceptance it chose from; the tokens are the target's."""
+    prompt = "w1 w5 w9 w20"
+    stack.gateway.config.draft_length = 0               # this stack's gateway pins 4 by default
+    try:
+        auto = stack.gateway_stub.Generate(request(prompt=prompt, draft_length=0, max_tokens=32), timeout=60)
+    finally:
+        stack.gateway.config.draft_length = 4
+    plain = stack.gateway_stub.Generate(request(prompt=prompt, no_speculation=True, max_tokens=32), timeout=60)
+    assert list(auto.token_ids) == list(plain.token_ids)
+    reasons = {r.k_reason for r in auto.stats.round_stats}
+    assert reasons <= {"best", "probe", "no-figures", "no-budget"} and "best" in reasons, reasons
+    assert all(r.k <= 8 for r in auto.stats.round_stats)
+    from tandem.pb import gateway_pb2 as gpb
+
+    status = stack.gateway_stub.GetStatus(gpb.GetStatusRequest(), timeout=10)
+    assert status.cost_model["rounds_observed"] > 0 and status.cost_model["verify_ms_w0"] > 0
+    assert 0.0 <= status.acceptance_greedy["a1"] <= 1.0
+    text = stack.gateway.metrics.text()
+    assert 'tandem:draft_cost{figure="verify_ms_w0"}' in text and "tandem:draft_length_chosen_total" in text
