@@ -1,6 +1,9 @@
-"""The drafter service: a small causal LM run by ONNX Runtime that proposes draft blocks.
+"""The drafter service: proposes draft blocks with the exact q they were sampled from. No torch here.
 
 Nothing in this package imports torch or transformers: a drafter machine needs only numpy,
-onnxruntime and grpc. ``onnx_drafter`` holds the model, its per-session KV caches and the drafting
-loop, ``sampling`` the numpy warping and sampling, ``sessions`` the session store.
+onnxruntime and grpc. ``drafter`` defines the interface the servicer calls (and ``ContextDrafter``, the
+session and context bookkeeping every kind shares); ``model_drafter`` is the ``model`` kind (an ONNX
+decoder with a KV cache per session, chunked prefill); ``lookup_drafter`` wraps any kind with prompt
+lookup; ``factory.load_drafter`` picks the kind named in ``drafter.json``; ``onnx_drafter.OnnxDrafter``
+is lookup around the model kind in one constructor; ``sampling`` the numpy warping and sampling.
 """

@@ -6,11 +6,12 @@ fall into). Such a proposal is deterministic given the context, so the distribut
 from is a point mass: q = δ(x). Reporting exactly that keeps verification exact (the verifier
 accepts x with probability p(x) and otherwise samples from p without x).
 
-Checked lookup (OnnxDrafter): a token found by a short n-gram (shorter than ``lookup_trust_ngram``)
-is kept only while the drafter model's own top token agrees with it or the model is unsure (top
-probability below ``lookup_check_confidence``); at the first confident disagreement the model drafts
-from there. The check is a deterministic function of the context, so a kept token is still a point
-mass and a dropped one is replaced by a model token sampled from the q that is reported: exact.
+Checked lookup (drafter_service.lookup_drafter): a token found by a short n-gram (shorter than
+``lookup_trust_ngram``) is kept only while the inner drafter's own top token agrees with it or the
+drafter is unsure (top probability below ``lookup_check_confidence``, ``checked_length``); at the first
+confident disagreement the inner drafter drafts from there. The check is a deterministic function of
+the context, so a kept token is still a point mass and a dropped one is replaced by a model token
+sampled from the q that is reported: exact.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def find_lookup(context: Sequence[int], k: int, max_ngram: int = 4, min_ngram: i
     """``prompt_lookup``'s tokens and the length n of the n-gram they were found by (0: none).
 
     A long match (a quote, a name, a repeated line) is usually right; a match on the last token alone
-    often is not, which is why the drafter checks short matches against its model (OnnxDrafter).
+    often is not, which is why the drafter checks short matches against its model (LookupDrafter).
     """
     ctx = np.asarray(context, dtype=np.int64)
     size = len(ctx)
@@ -44,3 +45,14 @@ def find_lookup(context: Sequence[int], k: int, max_ngram: int = 4, min_ngram: i
             if s + n < size and np.array_equal(ctx[s:s + n], tail):
                 return ctx[s + n: s + n + k].tolist(), n
     return [], 0
+
+
+def checked_length(looked: Sequence[int], top_ids: Sequence[int], top_probs: Sequence[float],
+                   confidence: float) -> int:
+    """How many lookup tokens survive the check: token j is kept while the drafter's top token at its
+    position (``top_ids[j]``, given the context and the kept tokens before it) is the same token, or the
+    drafter's top probability there (``top_probs[j]``) is below ``confidence``."""
+    for j, tok in enumerate(looked):
+        if int(top_ids[j]) != int(tok) and float(top_probs[j]) >= confidence:
+            return j
+    return len(looked)

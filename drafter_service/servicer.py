@@ -12,7 +12,7 @@ from tandem.serving import abort_on_error, complete_or_undo
 
 class DrafterServicer(drafter_grpc.DrafterServicer):
     def __init__(self, drafter, metrics: DrafterMetrics | None = None):
-        self.drafter = drafter      # drafter_service.onnx_drafter.OnnxDrafter, or anything with its API
+        self.drafter = drafter      # a drafter_service.drafter.Drafter (built by drafter_service.factory.load_drafter)
         self.metrics = metrics or DrafterMetrics(drafter)
         self._info = info_to_pb(drafter.info)
 
@@ -26,10 +26,11 @@ class DrafterServicer(drafter_grpc.DrafterServicer):
         proposal = await complete_or_undo(
             asyncio.to_thread(self.drafter.propose, request.session_id, request.prefix_length,
                               list(request.appended_tokens), request.k, sampling_from_pb(request.sampling),
-                              request.min_confidence),
-            lambda: self.drafter.end_session(request.session_id))
+                              request.min_confidence, request.session_token),
+            lambda: self.drafter.end_session(request.session_id, request.session_token))
         self.metrics.proposed(len(proposal.tokens), proposal.compute_ms)
         return drafter_pb2.Proposal(tokens=draft_to_pb(proposal.tokens), compute_ms=proposal.compute_ms)
 
+    @abort_on_error
     async def EndSession(self, request, context):
-        return common_pb2.EndSessionReply(found=self.drafter.end_session(request.session_id))
+        return common_pb2.EndSessionReply(found=self.drafter.end_session(request.session_id, request.session_token))

@@ -412,6 +412,7 @@ def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool
         np.save(out / DRAFT_VOCAB_FILE, draft_vocab)
     meta = {
         "format": DRAFTER_FORMAT,
+        "kind": "model",
         "model_name": loc.name,
         "num_layers": num_layers,
         "num_kv_heads": kv_heads,

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from drafter_service.lookup import prompt_lookup
+from drafter_service.lookup import checked_length, prompt_lookup
 from drafter_service.onnx_drafter import OnnxDrafter
 from tandem.types import SamplingParams
 
@@ -21,6 +21,15 @@ def test_no_recurrence_gives_nothing():
 
 def test_continuation_is_cut_at_the_context_end():
     assert prompt_lookup([5, 6, 5, 6], 4, max_ngram=2, min_ngram=2) == [5, 6]
+
+
+def test_checked_length_keeps_tokens_until_a_confident_disagreement():
+    looked = [5, 6, 7, 8]
+    assert checked_length(looked, [5, 6, 7, 8], [0.9] * 4, 0.5) == 4          # the drafter agrees
+    assert checked_length(looked, [5, 9, 7, 8], [0.9, 0.4, 0.9, 0.9], 0.5) == 4   # disagrees, but unsure
+    assert checked_length(looked, [5, 6, 9, 8], [0.9, 0.9, 0.5, 0.9], 0.5) == 2   # sure (>= confidence): cut
+    assert checked_length(looked, [1, 2, 3, 4], [0.0] * 4, 0.0) == 0          # confidence 0: any disagreement
+    assert checked_length([], [], [], 0.5) == 0
 
 
 def test_drafter_mixes_lookup_and_model_tokens(tiny_drafter_onnx):
