@@ -118,33 +118,51 @@ def lookup_drafter(tiny_drafter_onnx):
 
 
 def auto_policy():
-    """Auto draft length over a cost table on which the choice between k = 0 and 1 (the tiny pair accepts
-    ~9 % of first drafts) turns on the acceptance learned so far, shared across requests as the gateway
-    shares it."""
+    """The gateway's auto draft length (costs fixed so only the learned acceptance moves k), its
+    acceptance shared across requests as the gateway shares it."""
     from gateway.draft_length import AcceptanceEstimator, CostModel, DraftLengthPolicy
 
     cost, shared = CostModel(), AcceptanceEstimator(alpha=0.05)
-    cost.seed({0: 10.0, 1: 10.2, 2: 10.5}, weight=1e9)          # fixed: only acceptance moves k
+    cost.seed({0: 10.0, 1: 10.2, 2: 10.5}, weight=1e9)
     return lambda: DraftLengthPolicy(cost, AcceptanceEstimator(prior=shared), k_cap=2, probe_every=2)
 
 
+def history_policy():
+    """An adversarial rule of the same kind: k of each round (1 or 2) from the previous round's outcome,
+    across requests. Any k fixed before the block is verified keeps the output exact."""
+    from gateway.draft_length import Decision
+
+    seen = {"n": 0}         # speculative rounds so far plus the drafts they accepted, over all requests
+
+    class History:
+        def next_k(self, budget, lookup_available=0):
+            return Decision(min(budget, 1 + seen["n"] % 2), 0.0, 0.0, 0.0, (), "history")
+
+        def observe(self, fig):
+            if fig.width:
+                seen["n"] += 1 + fig.accepted
+    return History
+
+
 @pytest.mark.parametrize("which, prompt", [("model", PROMPT), ("lookup", (5, 9, 14, 5, 9)),
-                                           ("confidence stop", PROMPT), ("auto", PROMPT)])
+                                           ("confidence stop", PROMPT), ("auto", PROMPT),
+                                           ("history-dependent k", PROMPT)])
 def test_speculative_sampling_matches_target_distribution(target, drafter, lookup_drafter, which, prompt):
     """The first three tokens' joint distribution equals the target's exactly. With auto, k differs from
     round to round and request to request, chosen from past rounds only: still exact."""
     joint = exact_joint(target, SAMPLING, prompt)
     assert abs(sum(joint.values()) - 1) < 1e-4
     sizes: dict[int, int] = {}
-    k, stop = (2, 0.35) if which in ("confidence stop", "auto") else (1, 0.0)
+    k, stop = (2, 0.35) if which in ("confidence stop", "auto", "history-dependent k") else (1, 0.0)
     counts = draw(LocalVerifier(target), LocalDrafter(drafter if which != "lookup" else lookup_drafter), N,
-                  SAMPLING, k=k, prompt=prompt, min_confidence=stop if which != "auto" else 0.0, block_sizes=sizes,
-                  policy=auto_policy() if which == "auto" else None)
+                  SAMPLING, k=k, prompt=prompt, min_confidence=stop if which == "confidence stop" else 0.0,
+                  block_sizes=sizes, policy={"auto": auto_policy, "history-dependent k": history_policy}.get(
+                      which, lambda: None)())
     assert sum(counts.values()) == N
     if which == "confidence stop":      # both block lengths really occur
         assert sizes.get(1, 0) > N // 20 and sizes.get(2, 0) > N // 20, sizes
-    if which == "auto":                 # the choice really varies from request to request
-        assert sum(n > N // 50 for n in sizes.values()) >= 2, sizes
+    if which == "history-dependent k":  # the choice really varies from request to request
+        assert sizes.get(1, 0) > N // 20 and sizes.get(2, 0) > N // 20, sizes
     # The drafter really disagrees with the target: the test exercises rejections and bonus tokens.
     p = chi_square_p(counts, joint, N)
     assert p > ALPHA, f"speculative samples deviate from the target distribution (chi-square p = {p:.2e})"
