@@ -176,17 +176,22 @@ async def start_service(name: str, register: Callable[[grpc.aio.Server], None], 
     return Service(server, bound, health_servicer)
 
 
-async def complete_or_undo(work: Awaitable, undo: Callable[[], object]):
+async def complete_or_undo(work: Awaitable, undo: Callable[[], object], on_cancel: Callable[[], object] | None = None):
     """Awaits ``work`` (a thread that may create a session). If the call is cancelled meanwhile (the client
-    went away, its deadline passed), the thread still finishes; ``undo`` then frees what it created, so
-    nothing outlives a cancelled call (the caller's EndSession may already have come and gone)."""
+    went away, its deadline passed), ``on_cancel`` tells the thread (e.g. to stop a prefill at its next chunk),
+    the thread still finishes; ``undo`` then frees what it created, so nothing outlives a cancelled call (the
+    caller's EndSession may already have come and gone)."""
     future = asyncio.ensure_future(work)
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
+        if on_cancel is not None:
+            on_cancel()
         def _undo(f: asyncio.Future) -> None:
             if not f.cancelled() and f.exception() is None:
                 undo()
+            elif not f.cancelled():
+                f.exception()           # retrieved: a prefill stopped by on_cancel is expected here
         future.add_done_callback(_undo)
         raise
 

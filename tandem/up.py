@@ -53,6 +53,7 @@ def configure(p):
     flag(p, "gateway-port", 50051, int, help="gateway port (drafter and verifier take free ports)")
     flag(p, "draft-length", "auto", draft_length, help="draft length of every round: 'auto' (chosen each round "
          "from measured costs and acceptance; a plain step where speculation does not pay) or a fixed k")
+    flag(p, "max-draft-length", 8, int, help="the longest block auto drafts")
     flag(p, "http-port", DEFAULT_HTTP_PORT, int, help="the gateway's OpenAI-compatible HTTP API and chat page "
          "(http://127.0.0.1:PORT/; -1: off)")
     flag(p, "draft-confidence", DEFAULT_DRAFT_CONFIDENCE, float, help="adaptive draft length: the drafter stops a "
@@ -495,6 +496,8 @@ def start_cluster(args) -> Cluster:
         verifier, drafter = cluster.ports["verifier"], cluster.ports["drafter"]
         cluster.spawn("gateway", ["--verifier", f"{DEFAULT_HOST}:{verifier}", "--drafter", f"{DEFAULT_HOST}:{drafter}",
                                   "--draft-length", str(args.draft_length or "auto"),
+                                  *(["--max-draft-length", str(args.max_draft_length)]
+                                    if getattr(args, "max_draft_length", None) else []),
                                   "--http-port", str(getattr(args, "http_port", -1)),
                                   "--draft-confidence", str(args.draft_confidence), *pin(v_cpus), *metrics(0)],
                       port=args.gateway_port, label="gateway")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from pathlib import Path
 
 from tandem.flags import flag, server_flags
@@ -15,6 +17,16 @@ def configure(p) -> None:
     flag(p, "threads", 0, int, help="torch intra-op threads (0: torch's default)")
     flag(p, "session-ttl", 600.0, float, help="seconds after which an idle session's KV cache is freed")
     flag(p, "max-sessions", 256, int, help="most sessions held at once")
+    flag(p, "max-block", 32, int, help="longest draft block a session may send (a session may ask for less)")
+    flag(p, "gemm", "auto", help="the target's linear layers on CPU: 'auto' measures oneDNN (packed weights) and "
+         "MKL per block width at start and keeps the faster, 'onednn', or 'mkl' (plain transformers)")
+    flag(p, "exact-rows", "on", help="'on': every row of a verified block is computed as a plain step would "
+         "(bit-identical logits, so greedy speculative output equals plain decoding exactly); 'off' saves ~3 ms at "
+         "block width 8")
+    flag(p, "prefill-chunk", 256, int, help="prompt tokens per prefill forward: other sessions' steps run between "
+         "chunks, and a cancelled request stops at the next one (0: the whole prompt at once)")
+    flag(p, "no-warmup", help="skip the start-up forwards at each block width (the first requests are then slow "
+         "and the gateway gets no cost profile)", cast=bool)
     server_flags(p, 50062)
 
 
@@ -46,7 +58,14 @@ async def run(args) -> int:
     tracing = telemetry.setup("tandem-verifier")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.exact_rows not in ("on", "off"):
+        raise ValueError(f"--exact-rows is 'on' or 'off', not {args.exact_rows!r}")
     target = Target.load(args.target, dtype=args.dtype, device=args.device, session_ttl_s=args.session_ttl,
-                         max_sessions=args.max_sessions)
+                         max_sessions=args.max_sessions, max_block=args.max_block, gemm=args.gemm,
+                         prefill_chunk=args.prefill_chunk, warmup=not args.no_warmup,
+                         rowwise_attention=None if args.exact_rows == "on" else False)
+    print(f"[tandem] verifier: GEMMs {target.gemm} ({target.gemm_note}); ms per forward width "
+          + ", ".join(f"{w}: {ms:.1f}" for w, ms in sorted(target.cost_table().items())), file=sys.stderr,
+          flush=True)
     service = await start_verifier(target, args.host, args.port, interceptors=tracing.server_interceptors())
     return await serve_until_stopped(service, f"verifier ({target.info.model_name})", args, tracing)

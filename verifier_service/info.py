@@ -12,4 +12,5 @@ def describe(target) -> TargetInfo:
     return TargetInfo(model=target.info, tokenizer_json=backend.to_str() if backend is not None else "",
                       chat_template=tok.chat_template or "", bos_token=tok.bos_token or "",
                       eos_token=tok.eos_token or "",
-                      verify_ms_by_width=dict(target.cost_table()) if hasattr(target, "cost_table") else {})
+                      # the target's table is by forward width (positions); the wire's by draft tokens
+                      verify_ms_by_width={w - 1: ms for w, ms in target.cost_table().items() if w >= 1})

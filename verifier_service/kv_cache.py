@@ -25,8 +25,8 @@ class TargetSession:
     pending_token: int                  # last emitted token, not yet in the cache
     sampling: SamplingParams
     generator: torch.Generator
-    last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    max_block: int = 32                 # the longest draft block this session may send
 
     def rollback(self, keep: int) -> None:
         """Crops the KV cache to its first ``keep`` tokens (drops rejected draft positions)."""

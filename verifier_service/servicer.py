@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import threading
 
 from tandem.convert import draft_from_pb, sampling_from_pb, target_info_to_pb
 from verifier_service.metrics import VerifierMetrics
@@ -23,19 +25,24 @@ class VerifierServicer(verifier_grpc.VerifierServicer):
 
     @abort_on_error
     async def StartSession(self, request, context):
+        # A cancelled call (client gone, deadline passed) stops the prefill at its next chunk.
+        cancelled = threading.Event()
         first, ms = await complete_or_undo(
-            asyncio.to_thread(self.target.start, request.session_id, list(request.prompt_ids),
-                              sampling_from_pb(request.sampling)),
-            lambda: self.target.end(request.session_id))
+            asyncio.to_thread(functools.partial(self.target.start, request.session_id, list(request.prompt_ids),
+                                                sampling_from_pb(request.sampling), owner=request.session_token,
+                                                max_draft_length=request.max_draft_length, cancelled=cancelled)),
+            lambda: self.target.end(request.session_id), on_cancel=cancelled.set)
         self.metrics.prefilled(ms)
         return verifier_pb2.StartSessionReply(first_token=first, compute_ms=ms)
 
     @abort_on_error
     async def Verify(self, request, context):
-        outcome = await asyncio.to_thread(self.target.verify, request.session_id, draft_from_pb(request.draft))
+        outcome = await asyncio.to_thread(self.target.verify, request.session_id, draft_from_pb(request.draft),
+                                          request.session_token)
         self.metrics.verified(len(request.draft), outcome.accepted, outcome.compute_ms)
         return verifier_pb2.VerifyReply(accepted=outcome.accepted, next_token=outcome.next_token,
                                         bonus=outcome.bonus, compute_ms=outcome.compute_ms)
 
+    @abort_on_error
     async def EndSession(self, request, context):
-        return common_pb2.EndSessionReply(found=self.target.end(request.session_id))
+        return common_pb2.EndSessionReply(found=self.target.end(request.session_id, request.session_token))

@@ -6,28 +6,101 @@ Public API (used by the servicer and by in-process tests):
   target.start(session_id, prompt_ids, sampling) -> (first_token, compute_ms)
   target.verify(session_id, draft)       -> tandem.types.VerifyOutcome
   target.end(session_id)                 -> bool
+  target.cost_table()                    -> {block width: ms}, measured by warmup() at start-up
+  target.warmup(widths)                  runs (and times) forwards at each block width
+
+The fast path (``gemm="auto"``, the default on CPU fp32): every linear layer runs through
+``verifier_service.fast_linear`` with the GEMM kernel chosen per width by measurement at start-up
+(oneDNN on pre-packed weights, or MKL), and small blocks use row-wise attention
+(``verifier_service.forward``), so each row of a verify block is bit-identical to a plain step.
+``gemm="mkl"`` is plain transformers. Prefill runs in chunks of ``prefill_chunk`` tokens, releasing
+the forward lock (a FIFO lock) between chunks, and stops at the next chunk once ``cancelled()``.
 """
 
 from __future__ import annotations
 
+import collections
+import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
 from tandem import telemetry
+from tandem.draft_checks import check_draft, check_ids
+from tandem.errors import SessionExists
 from tandem.models import model_device
+from tandem.sessions import SessionStore, check_session_id
 from tandem.types import DraftToken, ModelInfo, SamplingParams, VerifyOutcome
 from tandem.vocab import tokenizer_vocab_hash
+from verifier_service import fast_linear
 from verifier_service.acceptance import accept_greedy, accept_random
-from tandem.sessions import SessionStore
 from verifier_service.kv_cache import TargetSession
 from verifier_service.warping import warp
 
+log = logging.getLogger(__name__)
+
+DEFAULT_WIDTHS = tuple(range(1, 10))     # block widths served: k + 1 for k = 0..8
+DEFAULT_PREFILL_CHUNK = 256
+
+
+class PrefillCancelled(RuntimeError):
+    """The request was cancelled while its prompt was being prefilled."""
+
+
+class FairLock:
+    """A FIFO lock: release hands the lock to the longest waiter, so a session prefilling chunk after chunk
+    cannot re-take it ahead of other sessions' steps waiting in between."""
+
+    def __init__(self):
+        self._mutex = threading.Lock()
+        self._waiters: collections.deque[threading.Event] = collections.deque()
+        self._held = False
+
+    def acquire(self) -> None:
+        with self._mutex:
+            if not self._held and not self._waiters:
+                self._held = True
+                return
+            turn = threading.Event()
+            self._waiters.append(turn)
+        turn.wait()                               # ownership is handed over by release()
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._waiters:
+                self._waiters.popleft().set()    # stays held: passed on
+            else:
+                self._held = False
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def _is_cancelled(cancelled) -> bool:
+    if cancelled is None:
+        return False
+    if hasattr(cancelled, "is_set"):
+        return bool(cancelled.is_set())
+    return bool(cancelled())
+
 
 class Target:
-    def __init__(self, model, tokenizer, name: str, *, session_ttl_s: float = 600.0, max_sessions: int = 256):
+    def __init__(self, model, tokenizer, name: str, *, session_ttl_s: float = 600.0, max_sessions: int = 256,
+                 gemm: str = "auto", widths: Iterable[int] | None = None, warmup: bool = True,
+                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, rowwise_attention: bool | None = None,
+                 max_block: int = 32):
+        """``gemm``: "auto" (measure MKL and oneDNN per width at start-up, keep the faster), "onednn", or
+        "mkl" (plain transformers). ``widths``: the block widths to measure and warm (default 1..9).
+        ``warmup``: run and time forwards at each width now (fills ``cost_table()``). ``prefill_chunk``:
+        tokens per prefill forward (None/0: the whole prompt at once). ``rowwise_attention``: small blocks
+        attend row by row like plain steps (default: on when every width uses oneDNN). ``max_block``: the
+        longest draft block any session may send (a session may set a shorter one at start)."""
         self.model = model
         self.tokenizer = tokenizer
         self.device = model_device(model)
@@ -43,7 +116,75 @@ class Target:
                                                                  what="verifier session",
                                                                  size_of=TargetSession.kv_bytes)
         # One forward at a time: torch already uses every core for one sequence on CPU.
-        self._forward_lock = threading.Lock()
+        self._forward_lock = FairLock()
+        self.prefill_chunk = int(prefill_chunk or 0)
+        self.max_block = int(max_block)
+        self.widths = tuple(sorted({int(w) for w in (widths or DEFAULT_WIDTHS)}))
+        self.gemm_choice: fast_linear.GemmChoice | None = None
+        self.gemm, self.gemm_note = self._setup_gemm(gemm)
+        if rowwise_attention is None:
+            rowwise_attention = self.gemm != fast_linear.MKL and (self.gemm_choice is None or self.gemm_choice.uniform)
+        from verifier_service.forward import use_rowwise_attention
+
+        self.attention = use_rowwise_attention(model, bool(rowwise_attention))
+        self._cost_table: dict[int, float] = {}
+        if warmup:
+            self.warmup()
+
+    def _setup_gemm(self, gemm: str) -> tuple[str, str]:
+        """Installs the GEMM path; returns (mode in use, why)."""
+        if gemm not in fast_linear.GEMM_MODES:
+            raise ValueError(f"gemm must be one of {fast_linear.GEMM_MODES}, not {gemm!r}")
+        if gemm == fast_linear.MKL:
+            fast_linear.uninstall(self.model)
+            return fast_linear.MKL, "asked for"
+        weight = self.model.get_output_embeddings().weight
+        if self.device.type != "cpu" or weight.dtype != torch.float32:
+            return fast_linear.MKL, f"the fast path is for CPU fp32 ({self.device.type}, {weight.dtype})"
+        if not fast_linear.onednn_available():
+            log.warning("oneDNN linears unavailable in this torch build: using MKL (F.linear)")
+            return fast_linear.MKL, "oneDNN unavailable"
+        fast_linear.install(self.model, {}, fast_linear.ONEDNN)
+        if gemm == fast_linear.ONEDNN:
+            return fast_linear.ONEDNN, "asked for"
+        self.gemm_choice = choice = fast_linear.choose_gemm(self.model, self.widths)
+        fast_linear.install(self.model, choice.choice, choice.default)
+        log.info("%s", choice.describe())
+        if all(k == fast_linear.MKL for k in list(choice.choice.values()) + [choice.default]):
+            fast_linear.uninstall(self.model)
+            return fast_linear.MKL, "measured: MKL faster"
+        return "auto", "measured"
+
+    def cost_table(self) -> dict[int, float]:
+        """{block width: ms of one target forward} (median, measured by ``warmup`` at start-up; {} if not run)."""
+        return dict(self._cost_table)
+
+    def warmup(self, widths: Iterable[int] | None = None, repeats: int = 3, context: int = 256) -> dict[int, float]:
+        """Runs ``repeats`` forwards at each block width after a ``context``-token prefill (a scratch session,
+        never stored), interleaving widths; returns and keeps {width: median ms} as the cost table."""
+        widths = sorted({int(w) for w in (widths or self.widths)})
+        if not widths:
+            return self.cost_table()
+        context = max(1, min(int(context), self.info.max_context - widths[-1] - 1))
+        ids = [(7 * i + 3) % self.vocab_size for i in range(context + widths[-1])]
+        session = TargetSession("__warmup__", self._new_cache(), 0, -1, SamplingParams(), torch.Generator())
+        self._forward(session, ids[:context], last_only=True)
+        session.length = context
+        samples: dict[int, list[float]] = {w: [] for w in widths}
+        for _ in range(max(1, repeats)):
+            for w in widths:
+                t0 = time.perf_counter()
+                self._forward(session, ids[context:context + w])
+                samples[w].append((time.perf_counter() - t0) * 1e3)
+                session.rollback(context)
+        table = {w: sorted(v)[len(v) // 2] for w, v in samples.items()}
+        self._cost_table.update(table)
+        return dict(table)
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
 
     @classmethod
     def load(cls, spec: str | None = "default", *, dtype: str = "float32", device: str = "cpu", **kw) -> "Target":
@@ -74,11 +215,19 @@ class Target:
         return accept_random(target_probs, draft_ids, draft_probs, session.generator)
 
     # ---- the session lifecycle -----------------------------------------------------------------
-    def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams) -> tuple[int, float]:
-        """Prefills the prompt; returns the first generated token (the target's own) and compute ms."""
+    def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, *, owner: str = "",
+              max_draft_length: int = 0,
+              cancelled: Callable[[], bool] | threading.Event | None = None) -> tuple[int, float]:
+        """Prefills the prompt (in chunks of ``prefill_chunk`` tokens, other sessions' forwards may run in
+        between); returns the first generated token (the target's own) and compute ms. ``owner``: the
+        session's secret, required by verify and end. ``max_draft_length``: the longest block this session
+        will send (0: the node's ``max_block``). ``cancelled`` (a callable or an Event) is checked before
+        each chunk: once true, PrefillCancelled is raised and no session is kept."""
         t0 = time.perf_counter()
-        if not session_id:
-            raise ValueError("session_id must not be empty")
+        check_session_id(session_id, owner)
+        if session_id in self.sessions:          # before the prefill, not after it
+            raise SessionExists(f"verifier session {session_id!r} is already open; end it first or use a new "
+                                "session_id")
         sampling.validate()
         self._check_ids(prompt_ids, "prompt")
         if not prompt_ids:
@@ -86,23 +235,31 @@ class Target:
         if len(prompt_ids) >= self.info.max_context:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the target's context is "
                              f"{self.info.max_context} (prompt + generated tokens must fit)")
-        from transformers import DynamicCache
-
+        if not 0 <= max_draft_length <= self.max_block:
+            raise ValueError(f"max_draft_length must be between 0 (the verifier's limit) and {self.max_block}, "
+                             f"got {max_draft_length}")
         generator = torch.Generator()
         generator.manual_seed(sampling.seed if sampling.seed is not None else int(torch.seed()))
-        session = TargetSession(session_id, DynamicCache(config=self.model.config), 0, -1, sampling, generator)
+        session = TargetSession(session_id, self._new_cache(), 0, -1, sampling, generator,
+                                max_block=max_draft_length or self.max_block)
+        chunk = self.prefill_chunk or len(prompt_ids)
         with telemetry.span("target.forward", {"tandem.tokens": len(prompt_ids), "tandem.prefill": True}):
-            logits = self._forward(session, prompt_ids, last_only=True)                    # [1, V]
+            for begin in range(0, len(prompt_ids), chunk):
+                if _is_cancelled(cancelled):
+                    raise PrefillCancelled(f"session {session_id!r}: cancelled during prefill "
+                                           f"({begin} of {len(prompt_ids)} prompt tokens done)")
+                logits = self._forward(session, prompt_ids[begin:begin + chunk], last_only=True)   # [1, V]
         session.length = len(prompt_ids)
         session.pending_token = self._choose(session, logits, []).next_token
-        self.sessions.add(session_id, session, replace=True)
+        self.sessions.add(session_id, session, owner)
         return session.pending_token, (time.perf_counter() - t0) * 1e3
 
-    def verify(self, session_id: str, draft: Sequence[DraftToken]) -> VerifyOutcome:
-        """One target forward over [pending, x_1..x_k]; keeps the accepted prefix, rolls back the rest."""
+    def verify(self, session_id: str, draft: Sequence[DraftToken], owner: str | None = None) -> VerifyOutcome:
+        """One target forward over [pending, x_1..x_k]; keeps the accepted prefix, rolls back the rest.
+        ``owner``: the session's secret (None: not checked, for in-process callers)."""
         t0 = time.perf_counter()
-        session = self.sessions.require(session_id)
-        self._check_draft(session, draft)
+        session = self.sessions.require(session_id, owner)
+        check_draft(draft, self.vocab_size, not session.sampling.greedy, session.max_block)
         with session.lock:
             k = len(draft)
             if session.length + k + 1 > self.info.max_context:
@@ -118,27 +275,10 @@ class Target:
             session.pending_token = result.next_token
         return VerifyOutcome(result.accepted, result.next_token, result.bonus, (time.perf_counter() - t0) * 1e3)
 
-    def end(self, session_id: str) -> bool:
-        return self.sessions.pop(session_id) is not None
+    def end(self, session_id: str, owner: str | None = None) -> bool:
+        """Frees the session (False if unknown); NotSessionOwner for a wrong ``owner`` (None: not checked)."""
+        return self.sessions.pop(session_id, owner) is not None
 
     # ---- input checks --------------------------------------------------------------------------
     def _check_ids(self, ids: Sequence[int], what: str) -> None:
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise ValueError(f"{what} has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
-
-    def _check_draft(self, session: TargetSession, draft: Sequence[DraftToken]) -> None:
-        self._check_ids([t.token_id for t in draft], "the draft block")
-        for i, tok in enumerate(draft):
-            if len(tok.support_ids) != len(tok.support_probs):
-                raise ValueError(f"draft position {i}: {len(tok.support_ids)} support ids but "
-                                 f"{len(tok.support_probs)} probabilities")
-            if any(not 0.0 <= q <= 1.0 for q in tok.support_probs):
-                raise ValueError(f"draft position {i}: probabilities must lie in [0, 1]")
-            self._check_ids(tok.support_ids, f"draft position {i} support")
-            if not session.sampling.greedy:
-                if not tok.support_ids:
-                    raise ValueError(f"draft position {i}: a sampled session needs the draft distribution q "
-                                     "(support ids and probabilities) for exact verification")
-                if tok.token_id not in tok.support_ids:
-                    raise ValueError(f"draft position {i}: token {tok.token_id} is outside its own support")
+        check_ids(ids, self.vocab_size, what)

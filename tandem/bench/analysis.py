@@ -10,6 +10,16 @@ Per group of prompts (a category, or all of them) and mode:
   rounds, acceptance rate = accepted / proposed, per position accepted_i / proposed_i.
 * time per round pooled: total draft (verify, overhead) ms / total rounds.
 
+Auto (the gateway's automatic draft length): per group, its tokens/s over the best fixed k's of the
+same group (``vs_best_fixed``, the k best in that group: an oracle no single setting reaches) and over
+the k best overall (``vs_overall_best_fixed``: the one k a user would pin), its speedup over the
+baseline, and the share of its rounds at each chosen k (k = 0: a plain step) and of each k_reason
+(probe: a short block while plain decoding wins), pooled over the group's requests.
+
+llama.cpp peers: tokens/s like every mode, and their agreement with the Tandem baseline's greedy
+output (identical outputs, common prefix of token ids): llama.cpp quantises activations, so outputs
+may differ; they are outside the equivalence check.
+
 Greedy equivalence: every sample of every Tandem mode (the baseline's repeats included) must be
 token-identical to the baseline's first repeat of the same prompt; HF assisted is compared with HF
 plain, and HF plain with the Tandem baseline. Each mismatch is listed with the first differing
@@ -169,7 +179,7 @@ def equivalence(idx, modes: list[str], greedy: bool) -> dict:
 
     tandem_checked, tandem_bad = 0, []
     for m in modes:
-        if m in (M.HF_PLAIN, M.HF_ASSISTED):
+        if m in M.PEERS:
             continue
         c, b = compare(m, M.BASELINE, base)
         tandem_checked += c
@@ -182,6 +192,64 @@ def equivalence(idx, modes: list[str], greedy: bool) -> dict:
         out["hf"] = {"checked": c1 + c2, "mismatches": b1 + b2, "ok": not (b1 or b2),
                      "assisted_vs_plain": {"checked": c1, "mismatches": len(b1)},
                      "plain_vs_tandem_baseline": {"checked": c2, "mismatches": len(b2)}}
+    return out
+
+
+def fixed_k_modes(mode_names: list[str]) -> list[str]:
+    return [m for m in mode_names if M.fixed_k_of(m) is not None]
+
+
+def auto_rounds(idx, qids: list[int], mode: str = M.AUTO) -> dict:
+    """The auto mode's choices pooled over the requests of ``qids`` (every repeat): rounds at each k (0 =
+    a plain step), each k_reason, tokens emitted per k."""
+    by_k: dict[int, int] = defaultdict(int)
+    reasons: dict[str, int] = defaultdict(int)
+    emitted: dict[int, int] = defaultdict(int)
+    proposed: dict[int, int] = defaultdict(int)
+    accepted: dict[int, int] = defaultdict(int)
+    requests = 0
+    for q in qids:
+        for s in idx.get(mode, {}).get(q, []):
+            r = s.get("rounds") or {}
+            ks = r.get("k") or []
+            if not ks:
+                continue
+            requests += 1
+            why = r.get("k_reason") or [""] * len(ks)
+            em = r.get("emitted") or [None] * len(ks)
+            for i, k in enumerate(ks):
+                by_k[k] += 1
+                reasons[why[i] or "none"] += 1
+                emitted[k] += em[i] if em[i] is not None else (r["accepted"][i] + 1)
+                proposed[k] += r["proposed"][i]
+                accepted[k] += r["accepted"][i]
+    total = sum(by_k.values())
+    if not total:
+        return {"rounds": 0, "requests": requests}
+    ks = sorted(by_k)
+    spec = total - by_k.get(0, 0)
+    return {"rounds": total, "requests": requests, "rounds_by_k": {k: by_k[k] for k in ks},
+            "share_by_k": {k: by_k[k] / total for k in ks},
+            "reasons": dict(reasons), "share_by_reason": {w: n / total for w, n in reasons.items()},
+            "probe_share": reasons.get("probe", 0) / total,
+            "plain_step_share": by_k.get(0, 0) / total,
+            "mean_k_speculative": sum(k * by_k[k] for k in ks) / spec if spec else None,
+            "tokens_per_round_by_k": {k: emitted[k] / by_k[k] for k in ks},
+            "acceptance_rate_by_k": {k: _ratio(accepted[k], proposed[k]) for k in ks if proposed[k]}}
+
+
+def auto_comparison(figs: dict, fixed: list[str], overall_best: str | None) -> dict:
+    """Auto against the fixed-k modes and the baseline within one group's figures."""
+    a = figs.get(M.AUTO, {})
+    out: dict = {"speedup_vs_baseline": a.get("speedup"), "tokens_per_s": a.get("tokens_per_s")}
+    ranked = [(figs[m]["tokens_per_s"], m) for m in fixed if figs.get(m, {}).get("tokens_per_s") is not None]
+    if ranked and a.get("tokens_per_s") is not None:
+        best_tps, best = max(ranked)
+        out.update(best_fixed=best, best_fixed_tokens_per_s=best_tps, best_fixed_speedup=figs[best].get("speedup"),
+                   vs_best_fixed=_ratio(a["tokens_per_s"], best_tps))
+        if overall_best and figs.get(overall_best, {}).get("tokens_per_s"):
+            out.update(overall_best_fixed=overall_best,
+                       vs_overall_best_fixed=_ratio(a["tokens_per_s"], figs[overall_best]["tokens_per_s"]))
     return out
 
 
@@ -209,7 +277,30 @@ def analyze(samples: list[dict], mode_names: list[str], prompts: list[dict], gre
     fallbacks = [{"mode": s["mode"], "question_id": s["question_id"], "repeat": s["repeat"], "reason": s["fallback"]}
                  for s in samples if "fallback" in s]
     best = max((m for m in mode_names if m != M.BASELINE and overall[m].get("speedup") is not None
-                and not m.startswith("hf_")), key=lambda m: overall[m]["speedup"], default=None)
-    return {"overall": overall, "per_category": per_category, "per_prompt": prompts_table,
-            "equivalence": equivalence(idx, mode_names, greedy), "errors": errors, "fallbacks": fallbacks,
-            "best_mode": best, "categories": categories}
+                and m not in M.PEERS), key=lambda m: overall[m]["speedup"], default=None)
+    out = {"overall": overall, "per_category": per_category, "per_prompt": prompts_table,
+           "equivalence": equivalence(idx, mode_names, greedy), "errors": errors, "fallbacks": fallbacks,
+           "best_mode": best, "categories": categories}
+    fixed = fixed_k_modes(mode_names)
+    if M.AUTO in mode_names:
+        ranked = [(overall[m]["tokens_per_s"], m) for m in fixed if overall[m].get("tokens_per_s") is not None]
+        overall_best = max(ranked)[1] if ranked else None
+        groups = {**{c: qids_by_cat[c] for c in categories}, "overall": all_qids}
+        out["auto"] = {"overall_best_fixed": overall_best, "fixed_modes": fixed,
+                       "per_group": {g: {**auto_comparison(per_category[g] if g != "overall" else overall, fixed,
+                                                           overall_best), "choices": auto_rounds(idx, qs)}
+                                     for g, qs in groups.items()}}
+    llama = [m for m in (M.LLAMA_PLAIN, M.LLAMA_LOOKUP) if m in mode_names]
+    if llama:
+        from tandem.bench.llama_peer import agreement
+
+        groups = {**{c: qids_by_cat[c] for c in categories}, "overall": all_qids}
+        out["llama"] = {m: {g: agreement(idx, m, qs) for g, qs in groups.items()} for m in llama}
+        if len(llama) == 2:
+            out["llama"]["lookup_vs_plain"] = {g: agreement(idx, M.LLAMA_LOOKUP, qs, M.LLAMA_PLAIN)
+                                               for g, qs in groups.items()}
+            for g in groups:
+                figs = per_category[g] if g != "overall" else overall
+                figs[M.LLAMA_LOOKUP]["speedup_vs_llama_plain"] = group_figures(
+                    idx, M.LLAMA_LOOKUP, qids_by_cat.get(g, all_qids), M.LLAMA_PLAIN).get("speedup")
+    return out

@@ -54,9 +54,17 @@ def configure(p) -> None:
     flag(g, "pids", None, help="live services on this machine: name=PID,... to measure their peak RSS")
     flag(g, "metrics", None, help="live services: name=URL,... of Prometheus endpoints to read peak RSS from")
 
-    g = p.add_argument_group("modes")
-    flag(g, "k-sweep", DEFAULT_SWEEP, help="fixed draft lengths k to benchmark")
-    flag(g, "default-k", 2, int, help="the gateway's default k (kept first when the time budget is short)")
+    g = p.add_argument_group("modes (baseline = plain decoding through the verifier; auto = the gateway's automatic "
+                             "draft length, the default speculative mode; k=N = a pinned draft length, the sweep)")
+    flag(g, "no-auto", help="skip the auto mode (GenerateRequest.draft_length 0: the gateway chooses k every round)",
+         cast=bool)
+    flag(g, "max-draft-length", 8, int, help="auto mode: the longest block auto may draft, given to a gateway the "
+         "bench starts (serve-gateway --max-draft-length); a live gateway keeps its own")
+    flag(g, "k-sweep", DEFAULT_SWEEP, help="fixed (pinned) draft lengths k to benchmark beside auto: the report "
+         "compares auto with the best of them")
+    flag(g, "default-k", 2, int, help="the fixed k of the sweep that always runs (beside baseline and auto) and comes "
+         "first of the sweep when the time budget is short (if it is in --k-sweep; else the sweep's middle k). "
+         "Not the gateway's default draft length: the bench starts the gateway with auto, and pins k per request in the k=N modes")
     flag(g, "adaptive-k", 6, int, help="adaptive mode: the most draft tokens a round (0 = no adaptive mode)")
     flag(g, "draft-confidence", ADAPTIVE_CONFIDENCE, float, help="adaptive mode: the drafter ends a block before "
          "a token whose drafter probability is below this")
@@ -64,6 +72,10 @@ def configure(p) -> None:
          "drafter's drafter.json), 'none', or an HF dir / .gguf")
     flag(g, "hf-k", 0, int, help="HF assisted: num_assistant_tokens, constant, no early stop (0: HF's defaults)")
     flag(g, "no-hf", help="skip the in-process HF transformers modes", cast=bool)
+    flag(g, "no-llama", help="skip the in-process llama.cpp peers (llama_plain, llama_lookup; need llama-cpp-python: "
+         "pip install 'tandem-spec[llama]')", cast=bool)
+    flag(g, "llama-lookup-tokens", 10, int, help="llama.cpp prompt lookup: tokens proposed per step (num_pred_tokens)")
+    flag(g, "llama-lookup-ngram", 2, int, help="llama.cpp prompt lookup: the longest n-gram matched (max_ngram_size)")
 
     g = p.add_argument_group("workload")
     flag(g, "questions", None, help="Spec-Bench-style JSONL (question_id, category, turns) [default: "
@@ -92,6 +104,11 @@ def _validate(args) -> None:
     args.k_sweep = sorted(set(_ints(args.k_sweep, "--k-sweep")))
     if not args.k_sweep or min(args.k_sweep) < 1:
         raise ValueError("--k-sweep needs draft lengths >= 1")
+    if args.default_k < 1:
+        raise ValueError("--default-k is a fixed draft length >= 1 (the auto mode is the gateway's choice; "
+                         "--no-auto skips it)")
+    if args.max_draft_length < 1:
+        raise ValueError("--max-draft-length must be >= 1")
     if args.repeats < 1:
         raise ValueError("--repeats must be >= 1 (3 or more for a meaningful spread)")
     if args.max_tokens < 1:
@@ -128,7 +145,8 @@ def run(args) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
     if args.repeats < 3:
         log(f"[bench] note: --repeats {args.repeats} < 3: the reported spread means little")
-    log(f"[bench] {len(prompts)} prompts, {args.max_tokens} new tokens max, sweep k={args.k_sweep}, "
+    log(f"[bench] {len(prompts)} prompts, {args.max_tokens} new tokens max, "
+        f"{'auto and ' if not args.no_auto else ''}fixed k={args.k_sweep}, "
         f"{args.repeats} repeats; writing to {out_dir}")
 
     results = run_benchmark(args, prompts, run_order, settings, out_dir, t_start, log=log)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from tandem.bench import modes as M
 
-FILES = {"speedup": "speedup.png", "acceptance": "acceptance_by_position.png", "time": "time_breakdown.png"}
+FILES = {"speedup": "speedup.png", "acceptance": "acceptance_by_position.png", "time": "time_breakdown.png",
+         "auto_k": "auto_k_share.png"}
 
 
 def _plt():
@@ -106,9 +107,38 @@ def plot_time(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_auto_k(results: dict, path: Path) -> None:
+    """Auto's rounds per chosen k (k = 0: plain steps), stacked, per category and overall."""
+    plt = _plt()
+    a = results["analysis"]
+    pg = a["auto"]["per_group"]
+    cats = a["categories"] + ["overall"]
+    shares = [{int(k): v for k, v in ((pg.get(c, {}).get("choices") or {}).get("share_by_k") or {}).items()}
+              for c in cats]
+    ks = sorted({k for sh in shares for k in sh})
+    fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(cats) + 3), 4.5))
+    bottom = [0.0] * len(cats)
+    cmap = plt.get_cmap("viridis", max(2, len(ks)))
+    for i, k in enumerate(ks):
+        vals = [sh.get(k, 0.0) for sh in shares]
+        ax.bar(cats, vals, bottom=bottom, label=f"k={k}" + (" (plain step)" if k == 0 else ""), color=cmap(i))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylim(0, 1.0)
+    ax.set_ylabel("share of auto's rounds")
+    ax.tick_params(axis="x", rotation=30)
+    ax.set_title("Auto draft length: k chosen per round\n" + _title(results), fontsize=9)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_plots(results: dict, out_dir: Path) -> dict[str, str]:
     out = {}
-    for key, fn in (("speedup", plot_speedup), ("acceptance", plot_acceptance), ("time", plot_time)):
+    plots = [("speedup", plot_speedup), ("acceptance", plot_acceptance), ("time", plot_time)]
+    if (results.get("analysis") or {}).get("auto"):
+        plots.append(("auto_k", plot_auto_k))
+    for key, fn in plots:
         path = out_dir / FILES[key]
         fn(results, path)
         out[key] = str(path)

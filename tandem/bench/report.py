@@ -7,6 +7,7 @@ import shlex
 from pathlib import Path
 
 from tandem.bench import modes as M
+from tandem.bench.analysis import _ratio
 from tandem.bench.memory import fmt_bytes
 
 
@@ -35,7 +36,173 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _mode_label(m: str) -> str:
-    return {M.BASELINE: "baseline", M.HF_PLAIN: "HF plain", M.HF_ASSISTED: "HF assisted"}.get(m, m)
+    return {M.BASELINE: "baseline", M.HF_PLAIN: "HF plain", M.HF_ASSISTED: "HF assisted", M.AUTO: "auto",
+            M.LLAMA_PLAIN: "llama.cpp plain", M.LLAMA_LOOKUP: "llama.cpp lookup"}.get(m, m)
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
+def _ratio_cell(x) -> str:
+    if x is None:
+        return "–"
+    return f"**{x:.2f}x** ↓" if x < 1.0 else f"{x:.2f}x"
+
+
+def _ks(d: dict | None) -> dict[int, float]:
+    """JSON turns int keys into strings: back to ints, sorted."""
+    return {int(k): v for k, v in sorted((d or {}).items(), key=lambda kv: int(kv[0]))}
+
+
+def auto_sections(results: dict, cpu: str) -> list[str]:
+    """Auto against the best fixed k and plain decoding, per category and overall, and its choices of k."""
+    a = results["analysis"]
+    auto = a.get("auto")
+    if not auto:
+        return []
+    L: list[str] = []
+    groups = a["categories"] + ["overall"]
+    pg = auto["per_group"]
+    fixed = auto.get("fixed_modes") or []
+    ob = auto.get("overall_best_fixed")
+    L.append("## Auto draft length vs fixed k and plain decoding")
+    L.append("")
+    L.append(f"CPU: {cpu}. `auto` = GenerateRequest.draft_length 0: the gateway chooses every round's k (0 = a plain "
+             "step) to maximise expected tokens per ms from its measured costs (gateway/draft_length.py). "
+             f"Fixed k run: {', '.join(fixed) or 'none'}; best overall: **{ob or '–'}**. "
+             "*best fixed k* is the best of them in that row (an oracle per category); *vs " + (ob or "best overall")
+             + "* is against the one k best overall, as one would pin it for every request.")
+    L.append("")
+    rows = []
+    for g in groups:
+        x = pg.get(g, {})
+        ch = x.get("choices") or {}
+        figs = a["per_category"][g] if g != "overall" else a["overall"]
+        base = figs.get(M.BASELINE, {})
+        best = x.get("best_fixed")
+        rows.append([f"**{g}**" if g == "overall" else g, str(base.get("prompts", 0)), _f(base.get("tokens_per_s")),
+                     _f(x.get("tokens_per_s")), _ratio_cell(x.get("speedup_vs_baseline")),
+                     f"{best} ({_f(x.get('best_fixed_tokens_per_s'))} tok/s, "
+                     f"{_f(x.get('best_fixed_speedup'), '{:.2f}x')})" if best else "–",
+                     _ratio_cell(x.get("vs_best_fixed")), _ratio_cell(x.get("vs_overall_best_fixed")),
+                     _pct(ch.get("plain_step_share")), _pct(ch.get("probe_share")),
+                     _f(ch.get("mean_k_speculative"), "{:.2f}")])
+    L += _table(["category", "prompts", "plain tok/s", "auto tok/s", "auto vs plain", "best fixed k",
+                 "auto / best fixed k", f"auto / {ob or 'best overall k'}", "plain steps", "probe rounds",
+                 "mean k (speculative rounds)"], rows)
+    L.append("")
+    L.append("Ratios are of mean tokens/s over the same prompts (per-prompt medians over repeats); ↓ marks auto "
+             "slower. *plain steps*: auto's rounds at k = 0; *probe rounds*: rounds whose k_reason was `probe` "
+             "(a short block while plain decoding wins).")
+    L.append("")
+    width = sorted({k for g in groups for k in _ks((pg.get(g, {}).get("choices") or {}).get("share_by_k"))})
+    if width:
+        L.append("## Auto's choice of k: share of rounds")
+        L.append("")
+        L.append(f"CPU: {cpu}. Every round of every auto request (all repeats); k = 0 counts plain steps. Reasons "
+                 "(RoundStats.k_reason, as the gateway reports them): e.g. `best` (the most expected tokens per ms), "
+                 "`probe` (a short block while plain decoding wins), `no-figures` (no costs measured yet); `pinned` "
+                 "would mean the gateway did not choose.")
+        L.append("")
+        rows = []
+        reasons = sorted({r for g in groups for r in ((pg.get(g, {}).get("choices") or {}).get("reasons") or {})})
+        for g in groups:
+            ch = pg.get(g, {}).get("choices") or {}
+            share = _ks(ch.get("share_by_k"))
+            tpr = _ks(ch.get("tokens_per_round_by_k"))
+            rows.append([f"**{g}**" if g == "overall" else g, str(ch.get("rounds", 0))]
+                        + [(f"{_pct(share[k])} ({tpr[k]:.2f})" if k in share else "–") for k in width]
+                        + [_pct((ch.get("share_by_reason") or {}).get(r)) for r in reasons])
+        L += _table(["category", "rounds"] + [f"k={k}" for k in width] + [f"reason {r}" for r in reasons], rows)
+        L.append("")
+        L.append("Cells: share of rounds (tokens emitted per such round).")
+        L.append("")
+    return L
+
+
+def peer_sections(results: dict, cpu: str) -> list[str]:
+    """llama.cpp and HF beside Tandem, with ratios, agreement, and the memory-bandwidth floor."""
+    a = results["analysis"]
+    o = a["overall"]
+    modes = results["mode_names"]
+    llama = results.get("llama") or {}
+    fl = results.get("floor") or {}
+    L: list[str] = ["## Tandem beside its peers (same machine, same prompts)", ""]
+    L.append(f"CPU: **{cpu}**; every figure in this table was measured on it in this run, the modes interleaved "
+             "per prompt.")
+    L.append("")
+    ref_auto = o.get(M.AUTO, {}).get("tokens_per_s")
+    best = a.get("best_mode")
+    ref_best = o.get(best, {}).get("tokens_per_s") if best else None
+    agree = a.get("llama") or {}
+    rows = []
+    order = [M.BASELINE, M.AUTO] + ([best] if best and best not in (M.AUTO,) else []) + \
+        [M.HF_PLAIN, M.HF_ASSISTED, M.LLAMA_PLAIN, M.LLAMA_LOOKUP]
+    threads = {M.HF_PLAIN: (results.get("hf") or {}).get("torch_threads"),
+               M.HF_ASSISTED: (results.get("hf") or {}).get("torch_threads"),
+               M.LLAMA_PLAIN: llama.get("threads"), M.LLAMA_LOOKUP: llama.get("threads")}
+    sv = results.get("services") or {}
+    for m in dict.fromkeys(order):
+        if m not in modes:
+            continue
+        f = o.get(m, {})
+        tps = f.get("tokens_per_s")
+        g = (agree.get(m) or {}).get("overall") or {}
+        if m in (M.LLAMA_PLAIN, M.LLAMA_LOOKUP) and g.get("prompts"):
+            ag = (f"{g['identical']}/{g['prompts']} identical; common prefix {g['mean_common_prefix']:.1f} of "
+                  f"{g['mean_reference_tokens']:.1f} tokens ({_pct(g.get('common_prefix_share'))})")
+        elif m in (M.HF_PLAIN, M.HF_ASSISTED):
+            ag = "token-identical checked (above)"
+        else:
+            ag = "the reference" if m == M.BASELINE else "token-identical (checked above)"
+        th = threads.get(m) if m in threads else sv.get("verifier_threads")
+        rows.append([_mode_label(m), _f(tps), _f(_ratio(tps, o.get(M.BASELINE, {}).get("tokens_per_s")), "{:.2f}x"),
+                     _f(_ratio(tps, ref_auto), "{:.2f}x"), _f(_ratio(tps, ref_best), "{:.2f}x"),
+                     _f(f.get("ttft_ms"), "{:.0f}"), str(th if th is not None else "?"), ag, cpu])
+    L += _table(["mode", "tokens/s", "vs Tandem baseline", "vs Tandem auto", f"vs Tandem best ({best or '–'})",
+                 "TTFT ms", "threads", "agreement with the target's greedy output", "CPU"], rows)
+    L.append("")
+    if M.LLAMA_LOOKUP in modes and M.LLAMA_PLAIN in modes:
+        lv = (o.get(M.LLAMA_LOOKUP) or {}).get("speedup_vs_llama_plain")
+        lp = (agree.get("lookup_vs_plain") or {}).get("overall") or {}
+        L.append(f"- llama.cpp prompt lookup vs llama.cpp plain: {_f(lv, '{:.2f}x')}; outputs identical to plain's "
+                 f"on {lp.get('identical', '?')}/{lp.get('prompts', '?')} prompts (CPU: {cpu}).")
+    if llama.get("gguf"):
+        L.append(f"- llama.cpp: llama-cpp-python {llama.get('llama_cpp_python')}, `{llama['gguf']}` "
+                 f"({fmt_bytes(llama.get('gguf_bytes'))}), {llama.get('threads')} threads (the verifier's count), "
+                 f"n_ctx {llama.get('n_ctx')}, prompt lookup {llama.get('lookup')}; {llama.get('setting')}. "
+                 "llama.cpp quantises activations too (8-bit activations in its dot products with the quantised "
+                 "weights) where Tandem's verifier computes in fp32, so its greedy output may differ from the "
+                 "target's: agreement is reported, not required.")
+    elif llama.get("skipped"):
+        L.append(f"- {llama['skipped']}")
+    bws = [b for b in (fl.get("bandwidth_before"), fl.get("bandwidth_after")) if b and b.get("gb_per_s")]
+    w = fl.get("weights") or {}
+    if bws:
+        from tandem.bench.environment import floor as _floor
+
+        bw = max(bws, key=lambda b: b["gb_per_s"])
+        fig = _floor(w, bw)
+        parts = []
+        if fig.get("fp32"):
+            parts.append(f"fp32 weights as the verifier holds them ({fmt_bytes(fig['fp32']['bytes'])}, "
+                         f"{w.get('parameters', 0) / 1e6:.0f} M parameters): {fig['fp32']['ms_per_token']:.1f} ms per "
+                         f"token = **{fig['fp32']['tokens_per_s']:.1f} tokens/s at most** for plain decoding")
+        if fig.get("gguf"):
+            parts.append(f"the GGUF tensors as llama.cpp reads them ({fmt_bytes(fig['gguf']['bytes'])}): "
+                         f"{fig['gguf']['ms_per_token']:.1f} ms = **{fig['gguf']['tokens_per_s']:.0f} tokens/s**")
+        L.append(f"- **Floor** (every weight read once per token, at the read bandwidth measured in this run: "
+                 + " and ".join(f"{b['gb_per_s']:.1f} GB/s {k}" for k, b in (("before", fl.get("bandwidth_before")),
+                                                                             ("after", fl.get("bandwidth_after")))
+                                if b and b.get("gb_per_s"))
+                 + f" the timed phase, {bw.get('threads')} thread(s), {bw.get('method')}; the better one used), "
+                 f"CPU {cpu}: " + ("; ".join(parts) or f"the weights' size is unknown ({w.get('note', '?')})")
+                 + ". Speculation can beat this floor (several tokens per weight read); plain decoding cannot.")
+    elif fl:
+        L.append(f"- Floor: not measured ({(fl.get('bandwidth_before') or {}).get('error', 'no bandwidth figure')}).")
+    L.append("")
+    return L
 
 
 def markdown(results: dict) -> str:
@@ -56,7 +223,16 @@ def markdown(results: dict) -> str:
     L.append("")
     L.append("```\n" + " ".join(shlex.quote(x) for x in results["command"]) + "\n```")
     L.append("")
+    cpu = env.get("cpu", "?")
+    L.append(f"CPU: **{cpu}** ({env.get('usable_cores')} usable cores of {env.get('logical_cores')}): every figure "
+             "of this report was measured on it.")
+    L.append("")
     for m in results.get("modes") or []:
+        if m.get("auto"):
+            L.append("Mode `auto`: the gateway's automatic draft length (GenerateRequest.draft_length 0): every "
+                     "round's k (0 = a plain step) maximises expected tokens per ms from measured costs; `k=N` "
+                     "modes pin k = N per request.")
+            L.append("")
         if m.get("adaptive"):
             L.append(f"Mode `adaptive`: adaptive k<={m['k']} (stop below p {m['confidence']:g}): up to {m['k']} draft "
                      f"tokens a round, the drafter ending a block before a token whose drafter probability is below "
@@ -125,6 +301,9 @@ def markdown(results: dict) -> str:
     L.append("")
 
     # ---- per category -----------------------------------------------------------------------
+    L += auto_sections(results, cpu)
+    L += peer_sections(results, cpu)
+
     L.append("## Speedup per category")
     L.append("")
     spec_modes = [m for m in modes if m not in (M.BASELINE, M.HF_PLAIN)]
@@ -142,7 +321,7 @@ def markdown(results: dict) -> str:
     L.append("")
     L.append("## Mean acceptance length τ per category")
     L.append("")
-    acc_modes = [m for m in modes if m != M.BASELINE and m != M.HF_PLAIN]
+    acc_modes = [m for m in modes if m not in (M.BASELINE, M.HF_PLAIN, M.LLAMA_PLAIN, M.LLAMA_LOOKUP)]
     rows = []
     for c in a["categories"] + ["overall"]:
         figs = a["per_category"][c] if c != "overall" else o
@@ -255,7 +434,7 @@ def markdown(results: dict) -> str:
     L.append("## Plots")
     L.append("")
     for key, title in (("speedup", "Speedup per category"), ("acceptance", "Acceptance by position"),
-                       ("time", "Time per round")):
+                       ("time", "Time per round"), ("auto_k", "Auto's choice of k")):
         if key in results.get("plots", {}):
             L.append(f"![{title}]({Path(results['plots'][key]).name})")
             L.append("")
@@ -299,4 +478,18 @@ def console_summary(results: dict) -> str:
                      f"{eq['checked']} differ)" + (f"; HF: {'OK' if eq['hf']['ok'] else 'MISMATCH'} "
                                                    f"({len(eq['hf']['mismatches'])} of {eq['hf']['checked']})"
                                                    if eq.get("hf") else ""))
+    auto = (a.get("auto") or {}).get("per_group", {}).get("overall")
+    if auto:
+        ch = auto.get("choices") or {}
+        share = ", ".join(f"k={k} {100 * v:.0f}%" for k, v in _ks(ch.get("share_by_k")).items())
+        lines.append(f"auto: {_f(auto.get('speedup_vs_baseline'), '{:.2f}x')} vs plain, "
+                     f"{_f(auto.get('vs_best_fixed'), '{:.2f}x')} vs the best fixed k ({auto.get('best_fixed')}); "
+                     f"rounds: {share}; probe {_pct(ch.get('probe_share'))}")
+    ag = (a.get("llama") or {})
+    for m in (M.LLAMA_PLAIN, M.LLAMA_LOOKUP):
+        g = (ag.get(m) or {}).get("overall") or {}
+        if g.get("prompts"):
+            lines.append(f"{m}: {g['identical']}/{g['prompts']} outputs identical to the baseline, common prefix "
+                         f"{_pct(g.get('common_prefix_share'))} of its tokens")
+    lines.append(f"CPU: {results['environment'].get('cpu')}")
     return "\n".join(lines)

@@ -22,6 +22,8 @@ from tandem.bench.workload import Prompt
 
 ROUND_FIELDS = ("k", "proposed", "accepted", "rejection_position", "bonus", "draft_ms", "verify_ms", "overhead_ms",
                 "round_ms")
+# the automatic draft length's figures (gateway/draft_length.py); read when the gateway's RoundStats has them
+AUTO_ROUND_FIELDS = ("k_reason", "expected_tokens", "expected_tokens_per_ms", "lookup_tokens", "emitted")
 SERVER_FIELDS = ("prompt_tokens", "new_tokens", "rounds", "proposed", "accepted", "mean_acceptance_length",
                  "acceptance_rate", "ttft_ms", "total_ms", "draft_ms", "verify_ms", "overhead_ms", "prefill_ms",
                  "tokens_per_second", "speculative", "fallback_reason", "draft_model", "target_model")
@@ -65,6 +67,9 @@ class GatewayRunner:
         self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = gateway_grpc.GatewayStub(self.channel)
         self.adaptive_field = M.adaptive_field(gateway_pb2.GenerateRequest)
+        names = set(gateway_pb2.RoundStats.DESCRIPTOR.fields_by_name)
+        self.round_fields = ROUND_FIELDS + tuple(f for f in AUTO_ROUND_FIELDS if f in names)
+        self.has_auto = "k_reason" in names
 
     def close(self) -> None:
         self.channel.close()
@@ -83,7 +88,7 @@ class GatewayRunner:
                 raise RuntimeError("this gateway has no adaptive draft length")
             setattr(req, self.adaptive_field, mode.confidence)
         elif mode.speculative and self.adaptive_field:
-            setattr(req, self.adaptive_field, 0.0)  # a fixed k drafts exactly k tokens
+            setattr(req, self.adaptive_field, 0.0)  # a fixed k drafts exactly k tokens; auto: its k exactly
         return req
 
     def run(self, mode: M.Mode, prompt: Prompt, settings: Settings, repeat: int = 0,
@@ -119,7 +124,7 @@ class GatewayRunner:
             sample["server"] = {f: getattr(stats, f) for f in SERVER_FIELDS}
             sample["server"]["accepted_per_position"] = list(stats.accepted_per_position)
             sample["server"]["proposed_per_position"] = list(stats.proposed_per_position)
-            sample["rounds"] = {f: [getattr(r, f) for r in stats.round_stats] for f in ROUND_FIELDS}
+            sample["rounds"] = {f: [getattr(r, f) for r in stats.round_stats] for f in self.round_fields}
             if mode.speculative and (not stats.speculative or stats.fallback_reason):
                 # the gateway decoded (part of) this request without the drafter: flagged, never hidden
                 sample["fallback"] = stats.fallback_reason or "the gateway decoded without the drafter"
@@ -359,20 +364,23 @@ def _timed_warmup(runner, mode: M.Mode, prompt: Prompt, settings: Settings) -> f
 
 
 def plan_modes(prioritised: list[M.Mode], warm_s: dict[str, float], n_requests_per_mode: int,
-               available_s: float | None) -> tuple[list[M.Mode], list[dict], float]:
+               available_s: float | None, essential: int = 2) -> tuple[list[M.Mode], list[dict], float]:
     """Keeps modes in priority order while their projected time fits ``available_s`` (None: no limit).
-    The baseline and the first speculative mode are always kept; the HF pair goes together."""
+    The first ``essential`` modes (groups) are always kept (the baseline and the first speculative mode;
+    with auto, also the first fixed k: ``modes.essential``); the HF pair and the llama.cpp pair go
+    together."""
     kept, skipped, total = [], [], 0.0
     groups: list[list[M.Mode]] = []
+    pairs = {M.HF_ASSISTED: M.HF_PLAIN, M.LLAMA_LOOKUP: M.LLAMA_PLAIN}
     for m in prioritised:
-        if m.name == M.HF_ASSISTED and groups and groups[-1][0].name == M.HF_PLAIN:
+        if m.name in pairs and groups and groups[-1][0].name == pairs[m.name]:
             groups[-1].append(m)
         else:
             groups.append([m])
     for i, group in enumerate(groups):
         cost = sum(warm_s.get(m.name, 0.0) for m in group) * n_requests_per_mode
-        essential = i < 2
-        if essential or available_s is None or total + cost <= available_s:
+        essential_group = i < essential
+        if essential_group or available_s is None or total + cost <= available_s:
             kept.extend(group)
             total += cost
         else:
@@ -392,8 +400,10 @@ def pick_warmup_prompt(prompts: list[Prompt]) -> Prompt:
 def start_services(args, log_dir: Path):
     from tandem.up import start_cluster
 
-    ns = SimpleNamespace(target=args.target, drafter=args.drafter, gateway_port=0, draft_length=args.default_k,
-                         draft_confidence=0.0,
+    # the gateway's default draft length must be auto: a request's draft_length 0 means "the gateway's
+    # default", so only a gateway started with auto runs the auto mode (fixed-k modes pin their own k)
+    ns = SimpleNamespace(target=args.target, drafter=args.drafter, gateway_port=0, draft_length=0,
+                         max_draft_length=getattr(args, "max_draft_length", 8), draft_confidence=0.0,
                          drafter_threads=args.drafter_threads, verifier_threads=args.verifier_threads,
                          verifier_cpus=getattr(args, "verifier_cpus", None),
                          drafter_cpus=getattr(args, "drafter_cpus", None), startup_timeout=args.startup_timeout, log_dir=str(log_dir))
@@ -430,6 +440,11 @@ def run_benchmark(args, prompts: list[Prompt], run_order: list[Prompt], settings
                     "verifier_threads": args.verifier_threads, "drafter_threads": args.drafter_threads,
                     "verifier_cpus": getattr(args, "verifier_cpus", None),
                     "drafter_cpus": getattr(args, "drafter_cpus", None)}
+        gw_cmd = [str(x) for x in (getattr(cluster.procs.get("gateway"), "args", None) or [])]
+        services["gateway_command"] = gw_cmd
+        if gw_cmd and "--max-draft-length" not in gw_cmd and args.max_draft_length != 8:
+            notes.append(f"**--max-draft-length {args.max_draft_length} not applied**: tandem.up.start_cluster does "
+                         "not pass it to the gateway, which keeps its default cap for auto (8)")
     results["services"] = services
     gw = None
     try:
@@ -445,7 +460,11 @@ def run_benchmark(args, prompts: list[Prompt], run_order: list[Prompt], settings
 
         # ---- the modes --------------------------------------------------------------------------
         gw = GatewayRunner(gateway_addr)
-        modes: list[M.Mode] = [M.BASELINE_MODE] + [M.spec_mode(k) for k in args.k_sweep]
+        want_auto = not getattr(args, "no_auto", False)
+        modes: list[M.Mode] = [M.BASELINE_MODE] + ([M.AUTO_MODE] if want_auto else []) + \
+            [M.spec_mode(k) for k in args.k_sweep]
+        if not want_auto:
+            notes.append("auto mode: not run (--no-auto)")
         if gw.adaptive_field and args.adaptive_k:
             modes.append(M.adaptive_mode(args.adaptive_k, args.draft_confidence))
         elif not args.adaptive_k:
@@ -469,6 +488,7 @@ def run_benchmark(args, prompts: list[Prompt], run_order: list[Prompt], settings
                     hf_note = (f"HF modes skipped: --target {args.target} ({hf_target_name}) is not the verifier's "
                                f"target ({target_name}); pass the verifier's --target")
         hf_modes = [M.HF_PLAIN_MODE, M.HF_ASSISTED_MODE] if hf_spec else []
+        llama_gguf, llama_note = _llama_plan(args, info)
 
         # ---- warm-up: priming, then one untimed request per mode on a mean-length prompt ----------
         # Priming (a few tokens, plain and speculative) takes the first-call costs of every process,
@@ -484,9 +504,22 @@ def run_benchmark(args, prompts: list[Prompt], run_order: list[Prompt], settings
         gw.run(M.spec_mode(args.default_k if args.default_k in args.k_sweep else args.k_sweep[0]), warm_prompt,
                settings, max_tokens=prime)
         bar.update(2)
-        for m in modes:
+        for m in list(modes):
             bar.set_postfix_str(m.name)
-            warm_s[m.name] = _timed_warmup(gw, m, warm_prompt, settings)
+            if m.auto:
+                t0 = time.perf_counter()
+                s = gw.run(m, warm_prompt, settings)
+                if "error" in s:
+                    raise RuntimeError(f"warm-up request in mode {m.name} failed: {s['error']}")
+                why = auto_unavailable(s)
+                if why:
+                    modes.remove(m)
+                    notes.append(f"**auto mode: not run**: {why}")
+                    log(f"[bench] auto mode not run: {why}")
+                else:
+                    warm_s[m.name] = time.perf_counter() - t0
+            else:
+                warm_s[m.name] = _timed_warmup(gw, m, warm_prompt, settings)
             bar.update()
         bar.close()
 
@@ -494,9 +527,10 @@ def run_benchmark(args, prompts: list[Prompt], run_order: list[Prompt], settings
         # first from the gateway's baseline and default-k warm-ups, then from its own warm-ups.
         hf = None
         if hf_modes:
-            k0 = M.priority(modes, args.default_k)[1].name if len(modes) > 1 else M.BASELINE
+            k0 = next((m.name for m in M.priority(modes, args.default_k) if M.is_fixed_k(m)), M.BASELINE)
             guess = dict(warm_s, **{M.HF_PLAIN: warm_s[M.BASELINE], M.HF_ASSISTED: warm_s[k0]})
-            kept, _, _ = plan_modes(M.priority(modes + hf_modes, args.default_k), guess, n_per_mode, budget())
+            prio = M.priority(modes + hf_modes, args.default_k)
+            kept, _, _ = plan_modes(prio, guess, n_per_mode, budget(), essential=M.essential(prio))
             if M.HF_ASSISTED not in {m.name for m in kept}:
                 hf_note = ("HF modes skipped without loading: their projected time (estimated from the baseline's "
                            f"and {k0}'s warm-ups) does not fit the time budget; rerun with --time-budget 0")
@@ -512,11 +546,39 @@ def run_benchmark(args, prompts: list[Prompt], run_order: list[Prompt], settings
                 hf_note = f"HF modes: {hf_note}"
         notes.append(hf_note)
         results["hf"] = hf.config() if hf else None
-        runners = {"gateway": gw, "hf": hf}
+
+        # llama.cpp on the target's GGUF: cheap to load (mmapped), so loaded, warmed up, then planned
+        llama = None
+        if llama_gguf is not None:
+            try:
+                llama = _load_llama(args, llama_gguf, hf, info, prompts, settings)
+                for m in (M.LLAMA_PLAIN_MODE, M.LLAMA_LOOKUP_MODE):
+                    llama.run(m, warm_prompt, settings, max_tokens=prime)
+                    warm_s[m.name] = _timed_warmup(llama, m, warm_prompt, settings)
+                modes += [M.LLAMA_PLAIN_MODE, M.LLAMA_LOOKUP_MODE]
+                llama_note = (f"llama.cpp peers: llama-cpp-python {llama.config()['llama_cpp_python']} on "
+                              f"{llama_gguf.name}, {llama.threads} threads, prompt lookup of up to "
+                              f"{llama.lookup_tokens} tokens (n-grams <= {llama.lookup_ngram})")
+            except Exception as exc:  # noqa: BLE001 - a broken optional peer must not lose the run
+                llama = None
+                llama_note = f"llama.cpp peers skipped: {type(exc).__name__}: {exc}"
+        if llama_note:
+            notes.append(llama_note)
+            if llama is None:
+                log(f"[bench] {llama_note}")
+        results["llama"] = llama.config() if llama else {"skipped": llama_note}
+        runners = {"gateway": gw, "hf": hf, "llama": llama}
+
+        # the memory-bandwidth floor: weights bytes / read bandwidth measured now (again after the timed phase)
+        from tandem.bench.environment import read_bandwidth_gbs, target_weights
+
+        results["floor"] = {"weights": target_weights(args.target),
+                            "bandwidth_before": read_bandwidth_gbs(args.verifier_threads)}
 
         # ---- plan ---------------------------------------------------------------------------------
         elapsed = time.perf_counter() - t_start
-        kept, skipped, projected = plan_modes(M.priority(modes, args.default_k), warm_s, n_per_mode, budget())
+        prio = M.priority(modes, args.default_k)
+        kept, skipped, projected = plan_modes(prio, warm_s, n_per_mode, budget(), essential=M.essential(prio))
         run_modes = [m for m in modes if m in kept]          # run in the user's order, not priority
         results["plan"] = {"modes": [asdict(m) for m in run_modes], "skipped": skipped,
                            "warmup_prompt": warm_prompt.question_id, "warmup_s": warm_s,
@@ -552,14 +614,16 @@ def run_benchmark(args, prompts: list[Prompt], run_order: list[Prompt], settings
             bar.close()
         results["timed_s"] = time.perf_counter() - t_timed
         results["load_average_after_timed"] = load_average()
+        results["floor"]["bandwidth_after"] = read_bandwidth_gbs(args.verifier_threads)
         memory = rss.report()
         for name, url in (args.metrics or {}).items():
             if name not in memory:
                 memory[name] = scrape_peak_rss(url)
         for name in ("verifier", "drafter", "gateway"):
             memory.setdefault(name, {"source": "n/a", "note": "live service: give --pids or --metrics to measure"})
-        if hf is not None:
-            memory["bench process (HF in-process)"] = {"source": "process", "peak_rss_bytes": self_peak_rss_bytes()}
+        if hf is not None or llama is not None:
+            what = " and ".join(n for n, r in (("HF", hf), ("llama.cpp", llama)) if r is not None)
+            memory[f"bench process ({what} in-process)"] = {"source": "process", "peak_rss_bytes": self_peak_rss_bytes()}
         results["memory"] = memory
         results["samples"] = samples
         results["modes"] = [asdict(m) for m in run_modes]
@@ -569,6 +633,61 @@ def run_benchmark(args, prompts: list[Prompt], run_order: list[Prompt], settings
             gw.close()
         if cluster is not None:
             cluster.stop()
+
+
+def auto_unavailable(sample: dict) -> str | None:
+    """Why a warm-up request of the auto mode did not run the automatic draft length, or None. A request's
+    draft_length 0 means "the gateway's default": a gateway started with ``--draft-length N`` pins N."""
+    rounds = sample.get("rounds") or {}
+    reasons = [r for r in rounds.get("k_reason", []) if r]
+    if "k_reason" not in rounds:
+        return ("this gateway reports no k_reason per round (it predates the automatic draft length, "
+                "GenerateRequest.draft_length 0 = auto)")
+    if reasons and all(r == "pinned" for r in reasons):
+        return ("the gateway's default draft length is pinned (started with --draft-length N), so draft_length 0 "
+                "is not auto there; start it with --draft-length auto")
+    return None
+
+
+def _llama_plan(args, info: dict) -> tuple[Path | None, str]:
+    """(the GGUF for the llama.cpp peers, or None; a note: why not, '' when they run)."""
+    from tandem.bench import llama_peer
+
+    if getattr(args, "no_llama", False):
+        return None, "llama.cpp peers not run (--no-llama)"
+    ok, why = llama_peer.available()
+    if not ok:
+        return None, why
+    gguf, why = llama_peer.gguf_path(args.target)
+    if gguf is None:
+        return None, why
+    target_name = (info.get("target") or {}).get("model_name")
+    from tandem.models import resolve
+
+    if target_name and resolve(args.target).name != target_name:
+        return None, (f"llama.cpp peers skipped: --target {args.target} ({resolve(args.target).name}) is not the "
+                      f"verifier's target ({target_name}); pass the verifier's --target")
+    return gguf, ""
+
+
+def _load_llama(args, gguf: Path, hf, info: dict, prompts: list[Prompt], settings: Settings):
+    from tandem.bench.llama_peer import LlamaCppRunner, chat_prompt_ids
+
+    if hf is not None:
+        tokenizer = hf.tokenizer
+    else:
+        from tandem.models import load_tokenizer
+
+        tokenizer = load_tokenizer(args.target)
+    eos = (info.get("target") or {}).get("eos_token_ids")
+    ids = {p.question_id: chat_prompt_ids(tokenizer, p.text) for p in prompts}
+    longest = max(len(x) for x in ids.values())
+    n_ctx = max(256, -(-(longest + settings.max_tokens + 16) // 256) * 256)   # with lookup, n_ctx x vocab floats
+    runner = LlamaCppRunner(gguf, tokenizer, [int(e) for e in eos] if eos else None, args.verifier_threads, n_ctx,
+                            lookup_tokens=getattr(args, "llama_lookup_tokens", 10),
+                            lookup_ngram=getattr(args, "llama_lookup_ngram", 2))
+    runner._ids_cache.update(ids)
+    return runner
 
 
 def default_out_dir(root: Path | None = None) -> Path:

@@ -129,3 +129,136 @@ def test_a_misbehaving_drafter_falls_back_to_the_target_alone(lt, verifier, tiny
     assert list(reply.token_ids) == list(expected.token_ids)
     assert "drafter" in reply.stats.fallback_reason, reply.stats.fallback_reason
     assert len(target.sessions) == 0
+
+
+# ---- the verifier and the drafter, called directly as an attacker would ---------------------------------
+@pytest.fixture(scope="module")
+def nodes(lt, verifier, tiny_drafter_onnx):
+    from drafter_service.onnx_drafter import OnnxDrafter
+    from drafter_service.server import start_drafter
+    from tandem.pb import drafter_grpc, verifier_grpc
+
+    target, verifier_addr = verifier
+    drafter = OnnxDrafter(tiny_drafter_onnx, threads=1)
+    dservice = lt.run(start_drafter(drafter))
+    channels = [grpc.insecure_channel(verifier_addr), grpc.insecure_channel(f"127.0.0.1:{dservice.port}")]
+    yield target, drafter, verifier_grpc.VerifierStub(channels[0]), drafter_grpc.DrafterStub(channels[1])
+    for ch in channels:
+        ch.close()
+    lt.run(dservice.stop(0))
+
+
+def _code(call, *args, **kw):
+    try:
+        call(*args, timeout=30, **kw)
+    except grpc.RpcError as err:
+        return err.code()
+    return grpc.StatusCode.OK
+
+
+SAMPLED = common_pb2.SamplingParams(temperature=1.0, seed=5, has_seed=True)
+
+
+def _start(stub, sid, token="victim-secret", sampling=SAMPLED, timeout=30, **kw):
+    from tandem.pb import verifier_pb2
+
+    return stub.StartSession(verifier_pb2.StartSessionRequest(session_id=sid, prompt_ids=[1, 5, 9], sampling=sampling,
+                                                              session_token=token, **kw), timeout=timeout)
+
+
+def test_the_forced_token_attack_is_refused(nodes):
+    """A draft token whose q(x) is 0 or 1e-30 would be accepted with probability min(1, p/q) = 1: refused,
+    as are probabilities summing to 2 and repeated support ids."""
+    from tandem.pb import verifier_pb2
+
+    target, _, vstub, _ = nodes
+    _start(vstub, "forced")
+    blocks = {"q(x) = 0": common_pb2.DraftToken(token_id=7, support_ids=[7, 8], support_probs=[0.0, 1.0]),
+              "q(x) = 1e-30": common_pb2.DraftToken(token_id=7, support_ids=[7, 8], support_probs=[1e-30, 1.0]),
+              "sum 2": common_pb2.DraftToken(token_id=7, support_ids=[7, 8], support_probs=[1.0, 1.0]),
+              "duplicates": common_pb2.DraftToken(token_id=7, support_ids=[7, 7], support_probs=[0.5, 0.5]),
+              "NaN": common_pb2.DraftToken(token_id=7, support_ids=[7], support_probs=[float("nan")])}
+    for name, tok in blocks.items():
+        code = _code(vstub.Verify, verifier_pb2.VerifyRequest(session_id="forced", draft=[tok],
+                                                              session_token="victim-secret"))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, name
+    ok = vstub.Verify(verifier_pb2.VerifyRequest(session_id="forced", session_token="victim-secret", draft=[
+        common_pb2.DraftToken(token_id=7, support_ids=[7, 8], support_probs=[0.5, 0.5])]), timeout=30)
+    assert ok.accepted in (0, 1)
+    target.end("forced", "victim-secret")
+
+
+def test_sessions_cannot_be_hijacked(nodes):
+    """Verify into, restart, or end another client's session: refused, and the victim is undisturbed."""
+    from tandem.pb import verifier_pb2
+
+    target, drafter, vstub, dstub = nodes
+    greedy = common_pb2.SamplingParams()
+    first = _start(vstub, "victim", sampling=greedy).first_token
+    for token in ("", "guess"):
+        assert _code(vstub.Verify, verifier_pb2.VerifyRequest(session_id="victim", session_token=token)) == \
+            grpc.StatusCode.PERMISSION_DENIED
+        assert _code(vstub.EndSession, common_pb2.EndSessionRequest(session_id="victim", session_token=token)) == \
+            grpc.StatusCode.PERMISSION_DENIED
+    assert _code(_start, vstub, "victim", token="attacker", sampling=greedy) == grpc.StatusCode.ALREADY_EXISTS
+    # the victim's next plain step is the target's own next token
+    step = vstub.Verify(verifier_pb2.VerifyRequest(session_id="victim", session_token="victim-secret"), timeout=30)
+    _start(vstub, "reference", token="r", sampling=greedy)
+    ref_step = vstub.Verify(verifier_pb2.VerifyRequest(session_id="reference", session_token="r"), timeout=30)
+    assert first == _start(vstub, "reference2", token="r", sampling=greedy).first_token
+    assert step.next_token == ref_step.next_token
+    for sid, tok in (("victim", "victim-secret"), ("reference", "r"), ("reference2", "r")):
+        assert vstub.EndSession(common_pb2.EndSessionRequest(session_id=sid, session_token=tok), timeout=30).found
+    # the drafter likewise
+    dstub.Propose(drafter_pb2.ProposeRequest(session_id="d", appended_tokens=[1, 5, 9], k=2,
+                                             session_token="victim-secret"), timeout=30)
+    assert _code(dstub.Propose, drafter_pb2.ProposeRequest(session_id="d", prefix_length=3, appended_tokens=[4], k=2,
+                                                           session_token="guess")) == grpc.StatusCode.PERMISSION_DENIED
+    assert _code(dstub.EndSession, common_pb2.EndSessionRequest(session_id="d", session_token="guess")) == \
+        grpc.StatusCode.PERMISSION_DENIED
+    assert drafter.end_session("d", "victim-secret")
+
+
+def test_limits_on_every_node_leave_nothing_behind(nodes):
+    """Oversized ids, k and blocks are refused with a status and a message; failed calls hold no session."""
+    from tandem.pb import verifier_pb2
+
+    target, drafter, vstub, dstub = nodes
+    big = "x" * 1_000_000
+    assert _code(_start, vstub, big) == grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(dstub.Propose, drafter_pb2.ProposeRequest(session_id=big, appended_tokens=[1], k=2)) == \
+        grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(dstub.Propose, drafter_pb2.ProposeRequest(session_id="k", appended_tokens=[1], k=2000)) == \
+        grpc.StatusCode.INVALID_ARGUMENT
+    _start(vstub, "blocks", sampling=common_pb2.SamplingParams(), max_draft_length=4)
+    block = [common_pb2.DraftToken(token_id=5)] * 5
+    assert _code(vstub.Verify, verifier_pb2.VerifyRequest(session_id="blocks", draft=block,
+                                                          session_token="victim-secret")) in \
+        (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    target.end("blocks", "victim-secret")
+    inf = common_pb2.SamplingParams(temperature=float("inf"))
+    assert _code(_start, vstub, "inf", sampling=inf) == grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(dstub.Propose, drafter_pb2.ProposeRequest(session_id="inf", appended_tokens=[1], k=2,
+                                                           sampling=inf)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(vstub.Verify, verifier_pb2.VerifyRequest(session_id="nobody")) == grpc.StatusCode.NOT_FOUND
+    assert len(target.sessions) == 0 and drafter.session_count() == 0
+
+
+def test_a_flood_of_sessions_does_not_block_a_generating_client(lt, verifier, nodes):
+    """300 StartSession calls from another caller fill the table; a gateway request still completes."""
+    target, _, vstub, _ = nodes
+    before = target.sessions.pressure_idle_s
+    target.sessions.pressure_idle_s = 0.5            # the default is 5 s; the test need not wait that long
+    try:
+        for i in range(300):
+            _start(vstub, f"flood{i}", token="flood", sampling=common_pb2.SamplingParams())
+        import time
+
+        time.sleep(0.6)
+        reply = _generate(lt, verifier[1], None, gateway_pb2.GenerateRequest(prompt="w1 w5", max_tokens=8,
+                                                                             ignore_eos=True))
+        assert len(reply.token_ids) == 8
+    finally:
+        target.sessions.pressure_idle_s = before
+        for sid in list(target.sessions._items):
+            target.end(sid)
