@@ -35,11 +35,25 @@ async def run(args) -> int:
     from tandem.defaults import resolve_drafter
     from tandem.serving import serve_until_stopped
 
-    tracing = telemetry.setup("tandem-drafter")
     drafter = load_drafter(resolve_drafter(args.drafter), threads=args.threads, support_size=args.support_size,
                            session_ttl_s=args.session_ttl, max_sessions=args.max_sessions,
                            prefill_chunk=args.prefill_chunk, lookup_max_ngram=args.lookup_ngram,
                            lookup_min_ngram=args.lookup_min_ngram, lookup_trust_ngram=args.lookup_trust_ngram,
                            lookup_check_confidence=args.lookup_check_confidence)
+    warm(drafter)                                       # before tracing: the warm-up is nobody's trace
+    tracing = telemetry.setup("tandem-drafter")
     service = await start_drafter(drafter, args.host, args.port, interceptors=tracing.server_interceptors())
     return await serve_until_stopped(service, f"drafter ({drafter.info.model_name})", args, tracing)
+
+
+def warm(drafter, prompt_tokens: int = 64, rounds: int = 3) -> None:
+    """A few proposals in a scratch session before the service reports SERVING, so the first request does not
+    pay ONNX Runtime's first-run allocations."""
+    from tandem.types import SamplingParams
+
+    vocab = max(2, drafter.info.vocab_size)
+    context = [i % vocab for i in range(1, prompt_tokens + 1)]
+    for sampling in (SamplingParams(), SamplingParams(temperature=1.0, seed=0)):
+        for r in range(rounds):
+            drafter.propose("tandem-warmup", 0 if r == 0 else len(context), [] if r else context, 4, sampling)
+        drafter.end_session("tandem-warmup")

@@ -64,9 +64,8 @@ async def run(args) -> int:
     gateway = await connect_gateway(args.verifier, args.drafter or None, config, wait_s=args.wait,
                                     interceptors=tracing.client_interceptors(),
                                     drafter_timeout_s=args.drafter_timeout, verifier_timeout_s=args.verifier_timeout)
-    service = await start_gateway(gateway, args.host, args.port, interceptors=tracing.server_interceptors())
     http = None
-    if args.http_port is not None and args.http_port >= 0:
+    if args.http_port is not None and args.http_port >= 0:        # before gRPC: a port in use fails cleanly
         from gateway.http_api import build_app, serve_http
         from tandem import security
 
@@ -74,7 +73,12 @@ async def run(args) -> int:
         host = args.http_host or args.host
         sec.check_listen(host, "gateway HTTP API")
         app = build_app(gateway, token=sec.token, model_name=args.served_model_name or gateway.target.model_name)
-        http = await serve_http(app, host, args.http_port, ssl_certfile=sec.tls_cert, ssl_keyfile=sec.tls_key)
+        try:
+            http = await serve_http(app, host, args.http_port, ssl_certfile=sec.tls_cert, ssl_keyfile=sec.tls_key)
+        except OSError as exc:
+            raise ValueError(f"gateway HTTP API: cannot listen on {host}:{args.http_port} ({exc.strerror or exc}): "
+                             "pick another port with --http-port, or --http-port -1 for none") from None
         print(f"[tandem] gateway: OpenAI-compatible API on {http.url}/v1, chat page on {http.url}/", flush=True,
               file=sys.stderr)
+    service = await start_gateway(gateway, args.host, args.port, interceptors=tracing.server_interceptors())
     return await serve_until_stopped(service, "gateway", args, tracing, on_stop=http.stop if http else None)

@@ -210,7 +210,8 @@ def print_status(address: str, timeout: float) -> None:
     print("  verify ms by block width: " + "  ".join(f"{w}: {cost[f'verify_ms_w{w}']:.1f}" for w in widths))
     print("  " + "  ".join(f"{k} {v:.2f}" for k, v in cost.items() if not k.startswith("verify_ms_w")))
     for mode, table in (("greedy", st.acceptance_greedy), ("sampled", st.acceptance_sampled)):
-        print(f"  acceptance ({mode}): " + "  ".join(f"{k} {v:.2f}" for k, v in table.items()))
+        order = sorted(table, key=lambda k: (k == "a_lookup", int(k[1:]) if k[1:].isdigit() else 0))
+        print(f"  acceptance ({mode}): " + "  ".join(f"{k} {table[k]:.2f}" for k in order))
 
 
 def _what(service: str) -> str:

@@ -42,6 +42,8 @@ class ServiceProcess:
         full_env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
         full_env.update(env or {})
         full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        if kind == "gateway" and "--http-port" not in args:
+            args = [*args, "--http-port", "-1"]          # tests that want the HTTP API ask for a port
         self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "tandem.cli", f"serve-{kind}", *args,
                                       "--port-file", str(self.port_file)],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)

@@ -55,7 +55,6 @@ async def run(args) -> int:
     from verifier_service.server import start_verifier
     from verifier_service.target import Target
 
-    tracing = telemetry.setup("tandem-verifier")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.exact_rows not in ("on", "off"):
@@ -67,5 +66,6 @@ async def run(args) -> int:
     print(f"[tandem] verifier: GEMMs {target.gemm} ({target.gemm_note}); ms per forward width "
           + ", ".join(f"{w}: {ms:.1f}" for w, ms in sorted(target.cost_table().items())), file=sys.stderr,
           flush=True)
+    tracing = telemetry.setup("tandem-verifier")        # after the warm-up forwards: nobody's trace
     service = await start_verifier(target, args.host, args.port, interceptors=tracing.server_interceptors())
     return await serve_until_stopped(service, f"verifier ({target.info.model_name})", args, tracing)

@@ -55,6 +55,48 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+OP_CLASSES = ("linear GEMMs", "attention", "norms + activations", "rotary + copies + cache")
+
+
+def _op_class(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("linear", "aten::mm", "addmm", "matmul", "aten::bmm", "mkldnn")):
+        return "linear GEMMs"
+    if any(k in n for k in ("attention", "softmax", "rowwise")):
+        return "attention"
+    if any(k in n for k in ("norm", "rsqrt", "pow", "mean", "silu", "sigmoid")):
+        return "norms + activations"
+    if any(k in n for k in ("cat", "copy", "index", "slice", "transpose", "view", "cos", "sin", "narrow", "select",
+                            "expand", "clone", "contiguous", "reshape")):
+        return "rotary + copies + cache"
+    return "other"
+
+
+def profile_by_class(model, configure, config: str, ids, n_ctx: int, width: int) -> dict[str, float]:
+    """Self CPU ms by op class of one forward of ``width`` positions after ``n_ctx`` cached tokens."""
+    import statistics
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import DynamicCache
+
+    configure(config)
+    runs = []
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids[:, :n_ctx], cache=cache, use_cache=True, logits_to_keep=1)
+        for _ in range(4):
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                model(input_ids=ids[:, n_ctx:n_ctx + width], cache=cache, use_cache=True)
+            cache.crop(-width)
+            by = {}
+            for ev in prof.key_averages():
+                by[_op_class(ev.key)] = by.get(_op_class(ev.key), 0.0) + ev.self_cpu_time_total / 1e3
+            runs.append(by)
+    runs = runs[1:]
+    return {k: statistics.median(r.get(k, 0.0) for r in runs) for k in set().union(*runs)}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--target", default="default", help="model spec (default: the default target)")
@@ -62,6 +104,8 @@ def main(argv=None) -> int:
     p.add_argument("--widths", default="1,2,3,5,8,16", help="block widths, comma-separated")
     p.add_argument("--context", type=int, default=300, help="cached tokens before each timed forward")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--profile", type=int, default=0, help="also profile one forward of this block width, eager and "
+                   "fast, and print where its time goes by op class (torch profiler, self CPU time)")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -153,6 +197,16 @@ def main(argv=None) -> int:
     bitwise = all(torch.equal(logits[("fast", w)], logits[("fast", top)][:w]) for w in widths)
     bitwise_sdpa = all(torch.equal(logits[("fast-sdpa", w)], logits[("fast-sdpa", top)][:w]) for w in widths)
     bitwise_eager = all(torch.equal(logits[("eager", w)], logits[("eager", top)][:w]) for w in widths)
+    if args.profile:
+        print()
+        print(f"Where one forward of width {args.profile} goes (self CPU ms, torch profiler, median of 3):")
+        print()
+        print("| op class | eager (MKL) | fast |")
+        print("|---|---|---|")
+        rows = {c: profile_by_class(model, configure, c, ids, n_ctx, args.profile) for c in ("eager", "fast")}
+        for cls in OP_CLASSES + ("other",):
+            print(f"| {cls} | {rows['eager'].get(cls, 0.0):.1f} | {rows['fast'].get(cls, 0.0):.1f} |")
+        print(f"| total | {sum(rows['eager'].values()):.1f} | {sum(rows['fast'].values()):.1f} |")
     print(f"- max |logit| difference fast vs eager: {diff:.2e}")
     print(f"- rows bit-identical across widths (row i of width w == row i of width {top}): fast {bitwise}, "
           f"fast-sdpa {bitwise_sdpa}, eager {bitwise_eager}")
