@@ -18,33 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
-
-def prompt_lookup(context: Sequence[int], k: int, max_ngram: int = 4, min_ngram: int = 2) -> list[int]:
-    """Up to k tokens that followed the most recent earlier occurrence of the context's last n-gram.
-
-    Tries n = max_ngram down to min_ngram; returns [] when no n-gram recurs.
-    """
-    return find_lookup(context, k, max_ngram, min_ngram)[0]
-
-
-def find_lookup(context: Sequence[int], k: int, max_ngram: int = 4, min_ngram: int = 2) -> tuple[list[int], int]:
-    """``prompt_lookup``'s tokens and the length n of the n-gram they were found by (0: none).
-
-    A long match (a quote, a name, a repeated line) is usually right; a match on the last token alone
-    often is not, which is why the drafter checks short matches against its model (LookupDrafter).
-    """
-    ctx = np.asarray(context, dtype=np.int64)
-    size = len(ctx)
-    for n in range(min(max_ngram, size - 1), min_ngram - 1, -1):
-        tail = ctx[size - n:]
-        # windows starting at 0 .. size-n-1 (the tail itself excluded)
-        starts = np.flatnonzero(ctx[: size - n] == tail[0])
-        for s in starts[::-1]:                       # most recent occurrence first
-            if s + n < size and np.array_equal(ctx[s:s + n], tail):
-                return ctx[s + n: s + n + k].tolist(), n
-    return [], 0
+from tandem.lookup import find_lookup, prompt_lookup  # noqa: F401 - the finding itself is shared with the gateway
 
 
 def checked_length(looked: Sequence[int], top_ids: Sequence[int], top_probs: Sequence[float],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from tandem.flags import DEFAULT_HOST, flag, server_flags
+from tandem.flags import DEFAULT_HOST, draft_length, flag, server_flags
 
 DEFAULT_HTTP_PORT = 8080
 DEFAULT_DRAFT_CONFIDENCE = 0.0  # confidence stop off: it did not pay end to end on the 2-core CPU (BENCHMARKS.md)
@@ -36,16 +36,6 @@ def configure(p) -> None:
     flag(p, "http-host", None, help="address of the HTTP API (default: --host)")
     flag(p, "served-model-name", None, help="the model name the HTTP API reports (default: the target's)")
     server_flags(p, 50051)
-
-
-def draft_length(value: str) -> int:
-    """'auto' -> 0; N >= 1 -> N."""
-    if str(value).strip().lower() in ("auto", "0", ""):
-        return 0
-    k = int(value)
-    if k < 0:
-        raise ValueError("the draft length is 'auto' or a number >= 1")
-    return k
 
 
 async def run(args) -> int:

@@ -410,8 +410,10 @@ class AcceptanceEstimator:
                 est = self._own(i).estimate(out[i - 1] if i else self.default)
             elif i <= deepest or deepest < 0:
                 est = self._own(i).estimate(prior[i])
-            else:
-                est = prior[i] * out[deepest] / max(_A_MIN, prior[deepest])
+            else:   # not reached yet: the prior's shape at this session's level, and never below the deepest
+                    # observed position's (conditional acceptance tends to rise with depth): optimistic, so a
+                    # longer block gets tried once and then measured
+                est = max(prior[i] * out[deepest] / max(_A_MIN, prior[deepest]), out[deepest])
             out.append(min(_A_MAX, max(_A_MIN, est)))
         return out
 

@@ -27,6 +27,7 @@ from gateway.tracing import round_attributes
 from tandem import telemetry
 from tandem.draft_checks import check_draft
 from tandem.errors import CapacityExceeded, InvalidInput
+from tandem.lookup import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, find_lookup
 from tandem.round_record import Round
 from tandem.types import Proposal, SamplingParams
 
@@ -85,7 +86,12 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
             t0 = time.perf_counter()
             # A round emits at most k+1 tokens: never draft past max_tokens or the context.
             budget = min(req.k, remaining - 1, req.max_context - len(sequence) - 1) if drafter is not None else 0
-            decision = policy.next_k(budget) if policy is not None and drafter is not None else None
+            decision = None
+            if policy is not None and drafter is not None:
+                # what prompt lookup will copy this round (the drafter's own rule, at its default n-grams):
+                # such tokens are nearly free and often accepted, so they change the best k
+                looked = find_lookup(sequence, budget, DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM)[0] if budget > 0 else []
+                decision = policy.next_k(budget, len(looked))
             k = decision.k if decision is not None else budget
             proposal, fallback, propose_ms = Proposal(()), "", None
             if k > 0:

@@ -110,3 +110,14 @@ def server_flags(p: argparse.ArgumentParser, port_default: int) -> None:
     security_flags(p, server=True)
     flag(p, "metrics-port", None, int, help="serve Prometheus metrics on http://HOST:PORT/metrics (unset: off; "
          "0: a free port). Tracing: set OTEL_EXPORTER_OTLP_ENDPOINT (see deploy/TRACING.md)")
+
+
+def draft_length(value: str) -> int:
+    """A draft-length flag: 'auto' -> 0 (chosen every round from measured costs; on the wire, "the gateway's
+    default"); N >= 1 -> N (pinned)."""
+    if str(value).strip().lower() in ("auto", "0", ""):
+        return 0
+    k = int(value)
+    if k < 1:
+        raise ValueError("the draft length is 'auto' or a number >= 1")
+    return k

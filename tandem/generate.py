@@ -10,7 +10,7 @@ from google.protobuf.json_format import MessageToDict
 
 from tandem.pb import common_pb2, gateway_grpc, gateway_pb2
 from tandem.convert import round_from_pb
-from tandem.flags import DEFAULT_HOST, DEFAULT_PORTS, address, env, flag, security_flags
+from tandem.flags import DEFAULT_HOST, DEFAULT_PORTS, address, draft_length, env, flag, security_flags
 from tandem.round_record import round_table as record_table
 from tandem.serving import CHANNEL_OPTIONS
 
@@ -25,8 +25,9 @@ def configure(p) -> None:
     flag(p, "top-k", 0, int, help="sample among the k most likely tokens (0 = off)")
     flag(p, "top-p", 1.0, float, help="nucleus sampling mass (1.0 = off)")
     flag(p, "seed", None, int, help="seed for reproducible sampling")
-    p.add_argument("-k", "--draft-length", type=int, default=env("draft_length", 0, int),
-                   help="draft length for this request (0: the gateway's default) [env TANDEM_DRAFT_LENGTH]")
+    p.add_argument("-k", "--draft-length", type=draft_length, default=env("draft_length", "auto"),
+                   help="draft length of this request's rounds: 'auto' (the gateway's default: chosen every round "
+                        "from measured costs and acceptance) or a fixed k [env TANDEM_DRAFT_LENGTH]")
     flag(p, "draft-confidence", None, float, help="adaptive draft length for this request: the drafter stops "
          "before a token it is less sure of than this (0 = always -k tokens; default: the gateway's)")
     flag(p, "no-speculation", help="decode with the target alone (the baseline)", cast=bool)

@@ -33,9 +33,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.cli import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_HTTP_PORT, draft_length
+from gateway.cli import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_HTTP_PORT
 from tandem.affinity import check_cpus
-from tandem.flags import DEFAULT_HOST, flag
+from tandem.flags import DEFAULT_HOST, draft_length, flag
 
 RESTART_FIRST_S = 1.0           # first wait before restarting a child that died (then doubling) ...
 RESTART_MAX_S = 30.0            # ... up to this

@@ -474,20 +474,21 @@ def run_benchmark(args, prompts: list[Prompt], run_order: list[Prompt], settings
                          f"(GenerateRequest has none of the fields {', '.join(M.ADAPTIVE_FIELDS)})")
         hf_spec, hf_note = (None, "HF modes not run (--no-hf)") if args.no_hf else \
             resolve_hf_drafter(args.hf_drafter, meta)
-        if hf_spec:
+        hf_plain = not args.no_hf           # HF generate of the target alone needs no drafter
+        if hf_plain:
             target_name = (info.get("target") or {}).get("model_name")
             try:
                 from tandem.models import resolve
 
                 hf_target_name = resolve(args.target).name
             except FileNotFoundError as exc:
-                hf_spec, hf_note = None, f"HF modes skipped: {exc}"
+                hf_spec, hf_plain, hf_note = None, False, f"HF modes skipped: {exc}"
             else:
                 if target_name and hf_target_name != target_name:
-                    hf_spec = None
+                    hf_spec, hf_plain = None, False
                     hf_note = (f"HF modes skipped: --target {args.target} ({hf_target_name}) is not the verifier's "
                                f"target ({target_name}); pass the verifier's --target")
-        hf_modes = [M.HF_PLAIN_MODE, M.HF_ASSISTED_MODE] if hf_spec else []
+        hf_modes = ([M.HF_PLAIN_MODE] if hf_plain else []) + ([M.HF_ASSISTED_MODE] if hf_spec else [])
         llama_gguf, llama_note = _llama_plan(args, info)
 
         # ---- warm-up: priming, then one untimed request per mode on a mean-length prompt ----------
@@ -531,11 +532,11 @@ def run_benchmark(args, prompts: list[Prompt], run_order: list[Prompt], settings
             guess = dict(warm_s, **{M.HF_PLAIN: warm_s[M.BASELINE], M.HF_ASSISTED: warm_s[k0]})
             prio = M.priority(modes + hf_modes, args.default_k)
             kept, _, _ = plan_modes(prio, guess, n_per_mode, budget(), essential=M.essential(prio))
-            if M.HF_ASSISTED not in {m.name for m in kept}:
+            if not {m.name for m in hf_modes} & {m.name for m in kept}:
                 hf_note = ("HF modes skipped without loading: their projected time (estimated from the baseline's "
                            f"and {k0}'s warm-ups) does not fit the time budget; rerun with --time-budget 0")
             else:
-                log(f"[bench] loading the target and the torch drafter in-process for HF generate ({hf_spec})")
+                log(f"[bench] loading the target in-process for HF generate (torch drafter: {hf_spec or 'none'})")
                 eos = (info.get("target") or {}).get("eos_token_ids")
                 hf = HFRunner(args.target, hf_spec, [int(e) for e in eos] if eos else None, args.hf_k,
                               threads=args.verifier_threads)

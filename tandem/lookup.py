@@ -1,0 +1,51 @@
+"""Prompt lookup: free draft tokens copied from the context (Saxena 2023, "prompt lookup decoding").
+
+If the last n tokens of the context occurred earlier in it, the tokens that followed them then are
+a good guess for what follows now (quotes, names, code, summaries, and the repetition small models
+fall into). Such a proposal is deterministic given the context, so the distribution it was drawn
+from is a point mass: q = δ(x). Reporting exactly that keeps verification exact (the verifier
+accepts x with probability p(x) and otherwise samples from p without x).
+
+Checked lookup (drafter_service.lookup_drafter, drafter_service.lookup.checked_length): a token found by a short n-gram (shorter than
+``lookup_trust_ngram``) is kept only while the inner drafter's own top token agrees with it or the
+drafter is unsure (top probability below ``lookup_check_confidence``, ``checked_length``); at the first
+confident disagreement the inner drafter drafts from there. The check is a deterministic function of
+the context, so a kept token is still a point mass and a dropped one is replaced by a model token
+sampled from the q that is reported: exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+# The drafter service's defaults (serve-drafter --lookup-ngram / --lookup-min-ngram): the gateway assumes
+# them when it estimates what lookup will offer a round.
+DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM = 4, 1
+
+
+def prompt_lookup(context: Sequence[int], k: int, max_ngram: int = 4, min_ngram: int = 2) -> list[int]:
+    """Up to k tokens that followed the most recent earlier occurrence of the context's last n-gram.
+
+    Tries n = max_ngram down to min_ngram; returns [] when no n-gram recurs.
+    """
+    return find_lookup(context, k, max_ngram, min_ngram)[0]
+
+
+def find_lookup(context: Sequence[int], k: int, max_ngram: int = 4, min_ngram: int = 2) -> tuple[list[int], int]:
+    """``prompt_lookup``'s tokens and the length n of the n-gram they were found by (0: none).
+
+    A long match (a quote, a name, a repeated line) is usually right; a match on the last token alone
+    often is not, which is why the drafter checks short matches against its model (LookupDrafter).
+    """
+    ctx = np.asarray(context, dtype=np.int64)
+    size = len(ctx)
+    for n in range(min(max_ngram, size - 1), min_ngram - 1, -1):
+        tail = ctx[size - n:]
+        # windows starting at 0 .. size-n-1 (the tail itself excluded)
+        starts = np.flatnonzero(ctx[: size - n] == tail[0])
+        for s in starts[::-1]:                       # most recent occurrence first
+            if s + n < size and np.array_equal(ctx[s:s + n], tail):
+                return ctx[s + n: s + n + k].tolist(), n
+    return [], 0
