@@ -250,10 +250,13 @@ def test_a_flood_of_sessions_does_not_block_a_generating_client(lt, verifier, no
     before = target.sessions.pressure_idle_s
     target.sessions.pressure_idle_s = 0.5            # the default is 5 s; the test need not wait that long
     try:
-        for i in range(300):
-            _start(vstub, f"flood{i}", token="flood", sampling=common_pb2.SamplingParams())
         import time
 
+        for i in range(300):                     # the table holds 256: the 257th onwards each push out the
+            if i == target.sessions.max_sessions:  # longest-idle flood session once it has idled 0.5 s
+                time.sleep(0.6)
+            _start(vstub, f"flood{i}", token="flood", sampling=common_pb2.SamplingParams())
+        assert len(target.sessions) == target.sessions.max_sessions
         time.sleep(0.6)
         reply = _generate(lt, verifier[1], None, gateway_pb2.GenerateRequest(prompt="w1 w5", max_tokens=8,
                                                                              ignore_eos=True))
