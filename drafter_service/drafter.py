@@ -30,6 +30,7 @@ import numpy as np
 
 from drafter_service.sampling import session_rng
 from tandem import telemetry
+from tandem.draft_checks import check_ids
 from tandem.errors import InvalidInput, UnknownSession
 from tandem.sessions import SessionStore, check_session_id
 from tandem.types import DraftToken, ModelInfo, Proposal, SamplingParams
@@ -163,10 +164,7 @@ class ContextDrafter(Drafter):
         if prefix_length < 0:
             raise InvalidInput(f"prefix_length must be >= 0, got {prefix_length}")
         appended = [int(t) for t in appended_tokens]
-        vocab = self.info.vocab_size
-        bad = [t for t in appended if not 0 <= t < vocab]
-        if bad:
-            raise InvalidInput(f"token ids out of the vocabulary [0, {vocab}): {bad[:5]}")
+        check_ids(appended, self.info.vocab_size, "appended_tokens")
 
         what = self.sessions.what
         if prefix_length > 0:

@@ -8,22 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import sys
 import time
-import secrets
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from gateway.ports import DrafterUnavailable
 from gateway import tracing
 from gateway.detokenizer import IncrementalDetokenizer, skipped_ids
 from gateway.draft_length import AcceptanceEstimator, CostModel, DraftLengthPolicy
+from gateway.metrics import GatewayMetrics
+from gateway.ports import DrafterUnavailable
 from gateway.rounds import Request, generate_rounds
-from tandem.round_record import Round
 from gateway.stats import RequestStats
 from tandem import telemetry
-from gateway.metrics import GatewayMetrics
+from tandem.draft_checks import check_ids
+from tandem.round_record import Round
 from tandem.types import ModelInfo, SamplingParams, TargetInfo
 
 
@@ -205,7 +206,7 @@ class Gateway:
         return self.tokenizer(params.prompt)["input_ids"]
 
     def validate(self, params: GenerateParams, prompt_ids: list[int]) -> int:
-        """Checks the request; returns the draft length k to use."""
+        """Checks the request; returns the pinned draft length (0: auto)."""
         limit = self.config.max_tokens_limit
         if not 1 <= params.max_tokens <= limit:
             raise ValueError(f"max_tokens must be between 1 and {limit}, got {params.max_tokens}")
@@ -219,10 +220,8 @@ class Gateway:
             raise ValueError(f"draft_length must be between 0 (auto) and {self.config.max_draft_length}")
         if params.draft_confidence is not None and not 0.0 <= params.draft_confidence < 1.0:
             raise ValueError(f"draft_confidence must be in [0, 1), got {params.draft_confidence}")
-        bad = [i for i in prompt_ids if not 0 <= i < self.target.vocab_size]
-        if bad and self.target.vocab_size:
-            raise ValueError(f"prompt_ids has ids outside the vocabulary of the target [0, {self.target.vocab_size}): "
-                             f"{bad[:5]}")
+        if self.target.vocab_size:
+            check_ids(prompt_ids, self.target.vocab_size, "prompt_ids")
         return params.draft_length or self.config.draft_length
 
     def draft_length_policy(self, pinned: int, sampling: SamplingParams) -> DraftLengthPolicy:

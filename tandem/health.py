@@ -176,6 +176,22 @@ def check(address: str, service: str = "", timeout: float = 5.0, security=None) 
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
+def wait_serving(address: str, service: str = "", wait: float = 0.0, timeout: float = 5.0, security=None,
+                 interval: float = 0.5) -> tuple[str | None, grpc.RpcError | None]:
+    """Asks ``check`` until the answer is SERVING or ``wait`` seconds have passed (0: once); each call waits at
+    most ``timeout`` s. Returns (the last status name, None), or (None, the last RpcError) when unreachable."""
+    end = time.monotonic() + wait
+    while True:
+        try:
+            status, err = check(address, service, min(timeout, max(0.1, end - time.monotonic())) if wait else timeout,
+                                security), None
+        except grpc.RpcError as exc:
+            status, err = None, exc
+        if status == "SERVING" or time.monotonic() >= end:
+            return status, err
+        time.sleep(min(interval, max(0.0, end - time.monotonic())))
+
+
 def served(address: str, timeout: float = 5.0, security=None) -> list[str]:
     """The tandem services the server at ``address`` knows (asked by name through its health service)."""
     out = []
@@ -226,17 +242,8 @@ def run(args) -> int:
 
     what = _what(args.service) if args.service else ("gateway" if args.address == DEFAULT_ADDRESS else "server")
     args.address = address(args.address, DEFAULT_PORTS.get(what, DEFAULT_PORTS["gateway"]))
-    wait = max(0.0, getattr(args, "wait", 0.0) or 0.0)
-    end = time.monotonic() + wait
-    while True:
-        try:
-            status = check(args.address, args.service, args.timeout)
-            err = None
-        except grpc.RpcError as exc:
-            status, err = None, exc
-        if status == "SERVING" or time.monotonic() >= end:
-            break
-        time.sleep(min(0.5, max(0.0, end - time.monotonic())))
+    status, err = wait_serving(args.address, args.service, max(0.0, getattr(args, "wait", 0.0) or 0.0),
+                               args.timeout)
     if err is None:
         print(f"{args.address}: {status}")
         if getattr(args, "verbose", False) and status == "SERVING":

@@ -98,16 +98,17 @@ def _lenient(parse: Callable[[bytes], object], method: str) -> Callable[[bytes],
 
 
 def _refuse_malformed(behaviour, method: str, streaming: bool):
-    async def unary(request, context):
+    async def refuse(request, context) -> None:
         if isinstance(request, Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the request does not parse as "
                                 f"protobuf ({type(request.error).__name__}: {request.error})")
+
+    async def unary(request, context):
+        await refuse(request, context)
         return await behaviour(request, context)
 
     async def stream(request, context):
-        if isinstance(request, Malformed):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the request does not parse as "
-                                f"protobuf ({type(request.error).__name__}: {request.error})")
+        await refuse(request, context)
         async for reply in behaviour(request, context):
             yield reply
 

@@ -114,13 +114,22 @@ class SessionStore(Generic[T]):
             self._items[session_id] = (obj, now, owner or "")
             return obj, True
 
+    def _exists(self, session_id: str) -> SessionExists:
+        return SessionExists(f"{self.what} {_short(session_id)} is already open; end it first or use a new "
+                             "session_id")
+
+    def check_free(self, session_id: str) -> None:
+        """Raises SessionExists if ``session_id`` is open (``add`` checks it too; call this first to fail before
+        expensive work such as a prefill)."""
+        if session_id in self:
+            raise self._exists(session_id)
+
     def add(self, session_id: str, obj: T, owner: str = "") -> None:
         """Stores a new session owned by ``owner``; SessionExists if the id is open, CapacityExceeded if full."""
         with self._lock:
             now = self._clock()
             if session_id in self._items:
-                raise SessionExists(f"{self.what} {_short(session_id)} is already open; end it first or use a new "
-                                    "session_id")
+                raise self._exists(session_id)
             self._check_capacity_locked(now)
             self._items[session_id] = (obj, now, owner)
 

@@ -30,9 +30,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from gateway.cli import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_HTTP_PORT
 from tandem.affinity import check_cpus
 from tandem.flags import DEFAULT_HOST, draft_length, flag
@@ -98,25 +95,18 @@ def note(message: str) -> None:
 
 
 # ---- health --------------------------------------------------------------------------------------
-def wait_healthy(address: str, timeout: float = 60.0, *, deadline: float | None = None, credentials=None) -> None:
-    """Polls the gRPC health service at ``address`` until it says SERVING. Raises TimeoutError after
-    ``timeout`` seconds, or at ``deadline`` (a time.monotonic()) when given."""
+def wait_healthy(address: str, timeout: float = 60.0, *, deadline: float | None = None) -> None:
+    """Polls the gRPC health service at ``address`` (plaintext: the children listen on loopback) until it says
+    SERVING. Raises TimeoutError after ``timeout`` seconds, or at ``deadline`` (a time.monotonic()) when given."""
+    from tandem.health import wait_serving
+    from tandem.security import Security
+
     end = deadline if deadline is not None else time.monotonic() + timeout
-    channel = grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
-    last = "no answer"
-    with channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            try:
-                status = stub.Check(health_pb2.HealthCheckRequest(), timeout=max(0.1, min(2.0, end - time.monotonic())))
-                if status.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-                last = health_pb2.HealthCheckResponse.ServingStatus.Name(status.status)
-            except grpc.RpcError as err:
-                last = f"{err.code().name}: {err.details()}" if hasattr(err, "code") else str(err)
-            if time.monotonic() > end:
-                raise TimeoutError(f"{address} not healthy in time ({last})")
-            time.sleep(0.1)
+    status, err = wait_serving(address, wait=max(0.0, end - time.monotonic()), timeout=2.0, security=Security(),
+                               interval=0.1)
+    if status != "SERVING":
+        last = status or (f"{err.code().name}: {err.details()}" if hasattr(err, "code") else str(err))
+        raise TimeoutError(f"{address} not healthy in time ({last})")
 
 
 # ---- ports ---------------------------------------------------------------------------------------

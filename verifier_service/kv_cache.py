@@ -9,7 +9,6 @@ the accepted prefix: length + 1 + accepted.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 
 import torch

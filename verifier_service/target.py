@@ -29,7 +29,6 @@ import torch
 
 from tandem import telemetry
 from tandem.draft_checks import check_draft, check_ids
-from tandem.errors import SessionExists
 from tandem.models import model_device
 from tandem.sessions import SessionStore, check_session_id
 from tandem.types import DraftToken, ModelInfo, SamplingParams, VerifyOutcome
@@ -225,11 +224,9 @@ class Target:
         each chunk: once true, PrefillCancelled is raised and no session is kept."""
         t0 = time.perf_counter()
         check_session_id(session_id, owner)
-        if session_id in self.sessions:          # before the prefill, not after it
-            raise SessionExists(f"verifier session {session_id!r} is already open; end it first or use a new "
-                                "session_id")
+        self.sessions.check_free(session_id)     # before the prefill, not after it
         sampling.validate()
-        self._check_ids(prompt_ids, "prompt")
+        check_ids(prompt_ids, self.vocab_size, "prompt")
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
         if len(prompt_ids) >= self.info.max_context:
@@ -278,7 +275,3 @@ class Target:
     def end(self, session_id: str, owner: str | None = None) -> bool:
         """Frees the session (False if unknown); NotSessionOwner for a wrong ``owner`` (None: not checked)."""
         return self.sessions.pop(session_id, owner) is not None
-
-    # ---- input checks --------------------------------------------------------------------------
-    def _check_ids(self, ids: Sequence[int], what: str) -> None:
-        check_ids(ids, self.vocab_size, what)

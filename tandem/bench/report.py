@@ -192,7 +192,7 @@ def peer_sections(results: dict, cpu: str) -> list[str]:
         if fig.get("gguf"):
             parts.append(f"the GGUF tensors as llama.cpp reads them ({fmt_bytes(fig['gguf']['bytes'])}): "
                          f"{fig['gguf']['ms_per_token']:.1f} ms = **{fig['gguf']['tokens_per_s']:.0f} tokens/s**")
-        L.append(f"- **Floor** (every weight read once per token, at the read bandwidth measured in this run: "
+        L.append("- **Floor** (every weight read once per token, at the read bandwidth measured in this run: "
                  + " and ".join(f"{b['gb_per_s']:.1f} GB/s {k}" for k, b in (("before", fl.get("bandwidth_before")),
                                                                              ("after", fl.get("bandwidth_after")))
                                 if b and b.get("gb_per_s"))

@@ -30,7 +30,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "deploy" / "TWO_MACHINES.md"

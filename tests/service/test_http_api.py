@@ -5,7 +5,6 @@ import asyncio
 import json
 import time
 
-import grpc
 import httpx
 import pytest
 
