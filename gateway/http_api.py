@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import socket
@@ -41,8 +40,9 @@ from starlette.staticfiles import StaticFiles
 
 from gateway.engine import Gateway, GenerateParams, IncompatibleDrafter, Overloaded
 from gateway.openai_schema import (ApiError, Parsed, PieceCutter, TokenPieces, param_of, parse_chat,
-                                   parse_completion, round_origins)
+                                   parse_completion)
 from gateway.stats import RequestStats
+from tandem.security import bearer_matches
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class Generation:
         step = self._first
         while step is not None:
             self.token_ids.extend(step.token_ids)
-            pieces = self.pieces.split(step.token_ids, round_origins(step.round), step.text)
+            pieces = self.pieces.split(step.token_ids, step.round.origins, step.text)
             text, tokens = self.cutter.feed(pieces)
             if text or tokens:
                 yield Delta(text, tokens)
@@ -238,7 +238,7 @@ class HttpApi:
         if scheme.lower() != "bearer" or not value:
             raise ApiError(401, "Missing bearer token: send 'Authorization: Bearer <token>' (the gateway's --token)",
                            code="invalid_api_key")
-        if not hmac.compare_digest(value.strip().encode(), self.token.encode()):
+        if not bearer_matches(header, self.token):
             raise ApiError(401, "Incorrect API key provided (the gateway's --token)", code="invalid_api_key")
 
     def check_model(self, model: str | None) -> None:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from tandem.types import SamplingParams
 
 MAX_STOP_STRINGS = 4            # as OpenAI
-ORIGIN_DRAFT, ORIGIN_LOOKUP, ORIGIN_TARGET = "draft", "lookup", "target"
 
 
 class ApiError(Exception):
@@ -311,17 +310,6 @@ class StopCutter:
     def flush(self) -> str:
         out, self.pending = ("" if self.stopped else self.pending), ""
         return out
-
-
-def round_origins(rnd) -> list[str]:
-    """Origin of each token a round emitted. ``Round.origins`` (set by the round loop from the proposal's
-    ``from_lookup`` flags) when present; otherwise the first ``accepted`` came from the drafter and the
-    rest (the recovered or bonus token) from the target."""
-    tokens = tuple(getattr(rnd, "tokens", ()) or ())
-    origins = tuple(getattr(rnd, "origins", ()) or ())
-    if len(origins) == len(tokens) and all(o in (ORIGIN_DRAFT, ORIGIN_LOOKUP, ORIGIN_TARGET) for o in origins):
-        return list(origins)
-    return [ORIGIN_DRAFT if rnd.index > 0 and i < rnd.accepted else ORIGIN_TARGET for i in range(len(tokens))]
 
 
 class TokenPieces:

@@ -73,7 +73,7 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
                                                  req.k)
     sequence.append(first)
     remaining -= 1
-    yield Round.measured(index=0, tokens=(first,), emitted=1, draft_ms=0.0, verify_ms=prefill_ms,
+    yield Round.measured(index=0, tokens=(first,), origins=("target",), emitted=1, draft_ms=0.0, verify_ms=prefill_ms,
                          round_ms=(time.perf_counter() - t0) * 1e3)
     done = first in req.eos_token_ids or remaining <= 0
 

@@ -164,11 +164,18 @@ def is_loopback(host: str) -> bool:
 
 
 # ---- the token --------------------------------------------------------------------------------------
+def bearer_matches(header: str, token: str) -> bool:
+    """Whether an ``authorization`` header value is ``Bearer <token>`` (compared in constant time); the gRPC
+    services and the gateway's HTTP API check the token with this."""
+    scheme, _, value = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
+
+
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Rejects calls without ``authorization: Bearer <token>`` with UNAUTHENTICATED (health stays open)."""
 
     def __init__(self, token: str):
-        self._token = token.encode()
+        self._token = token
 
     def problem(self, metadata) -> str | None:
         values = [v for k, v in (metadata or ()) if k == AUTH_KEY]
@@ -176,8 +183,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             return ("missing token: this service requires 'authorization: Bearer <token>' metadata "
                     "(tandem: --token or TANDEM_TOKEN)")
         value = values[0] if isinstance(values[0], str) else values[0].decode(errors="replace")
-        scheme, _, token = value.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self._token):
+        if not bearer_matches(value, self._token):
             return "invalid token: the bearer token does not match this service's --token / TANDEM_TOKEN"
         return None
 
