@@ -20,6 +20,9 @@ def configure(p) -> None:
     flag(p, "max-block", 32, int, help="longest draft block a session may send (a session may ask for less)")
     flag(p, "gemm", "auto", help="the target's linear layers on CPU: 'auto' measures oneDNN (packed weights) and "
          "MKL per block width at start and keeps the faster, 'onednn', or 'mkl' (plain transformers)")
+    flag(p, "decoder", "auto", help="the target's forward on CPU fp32: 'static' (Tandem's Llama-family decoder: "
+         "static KV cache, merged q/k/v and gate/up GEMMs, no per-call overhead), 'transformers' (the model's own "
+         "forward), or 'auto' (static where the model is Llama-shaped and --gemm is not 'mkl')")
     flag(p, "exact-rows", "on", help="'on': every row of a verified block is computed as a plain step would "
          "(bit-identical logits, so greedy speculative output equals plain decoding exactly); 'off' saves ~3 ms at "
          "block width 8")
@@ -61,9 +64,10 @@ async def run(args) -> int:
         raise ValueError(f"--exact-rows is 'on' or 'off', not {args.exact_rows!r}")
     target = Target.load(args.target, dtype=args.dtype, device=args.device, session_ttl_s=args.session_ttl,
                          max_sessions=args.max_sessions, max_block=args.max_block, gemm=args.gemm,
-                         prefill_chunk=args.prefill_chunk, warmup=not args.no_warmup,
+                         prefill_chunk=args.prefill_chunk, warmup=not args.no_warmup, decoder=args.decoder,
                          rowwise_attention=None if args.exact_rows == "on" else False)
-    print(f"[tandem] verifier: GEMMs {target.gemm} ({target.gemm_note}); ms per forward width "
+    print(f"[tandem] verifier: {'static decoder' if target.decoder else 'transformers forward'}, GEMMs "
+          f"{target.gemm} ({target.gemm_note}), attention {target.attention}; ms per forward width "
           + ", ".join(f"{w}: {ms:.1f}" for w, ms in sorted(target.cost_table().items())), file=sys.stderr,
           flush=True)
     tracing = telemetry.setup("tandem-verifier")        # after the warm-up forwards: nobody's trace

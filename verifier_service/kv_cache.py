@@ -19,7 +19,7 @@ from tandem.types import SamplingParams
 @dataclass
 class TargetSession:
     session_id: str
-    cache: object                       # transformers DynamicCache
+    cache: object                       # static_decoder.StaticKVCache, or a transformers DynamicCache
     length: int                         # tokens whose KV is in the cache
     pending_token: int                  # last emitted token, not yet in the cache
     sampling: SamplingParams
@@ -37,6 +37,8 @@ class TargetSession:
         self.length = keep
 
     def kv_bytes(self) -> int:
+        if hasattr(self.cache, "nbytes"):
+            return int(self.cache.nbytes())
         total = 0
         for layer in getattr(self.cache, "layers", []):
             for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):

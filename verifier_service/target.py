@@ -9,11 +9,13 @@ Public API (used by the servicer and by in-process tests):
   target.cost_table()                    -> {block width: ms}, measured by warmup() at start-up
   target.warmup(widths)                  runs (and times) forwards at each block width
 
-The fast path (``gemm="auto"``, the default on CPU fp32): every linear layer runs through
-``verifier_service.fast_linear`` with the GEMM kernel chosen per width by measurement at start-up
-(oneDNN on pre-packed weights, or MKL), and small blocks use row-wise attention
-(``verifier_service.forward``), so each row of a verify block is bit-identical to a plain step.
-``gemm="mkl"`` is plain transformers. Prefill runs in chunks of ``prefill_chunk`` tokens, releasing
+The fast path (the default on CPU fp32 for Llama-family targets): ``verifier_service.static_decoder``,
+the model's own weights run without transformers' per-call machinery, with a static KV cache (rollback =
+move the length back), q/k/v and gate/up as one GEMM each, the GEMM kernel chosen per width by
+measurement at start-up (``verifier_service.fast_linear``: oneDNN on pre-packed weights, or MKL), and
+verify-block rows attending row by row, so each row of a verify block is bit-identical to a plain step.
+Other models on CPU fp32 keep transformers' forward with the same GEMMs and row-wise attention
+(``verifier_service.forward``); ``gemm="mkl"`` (without ``decoder="static"``) is plain transformers. Prefill runs in chunks of ``prefill_chunk`` tokens, releasing
 the forward lock (a FIFO lock) between chunks, and stops at the next chunk once ``cancelled()``.
 """
 
@@ -33,7 +35,7 @@ from tandem.models import model_device
 from tandem.sessions import SessionStore, check_session_id
 from tandem.types import DraftToken, ModelInfo, SamplingParams, VerifyOutcome
 from tandem.vocab import tokenizer_vocab_hash
-from verifier_service import fast_linear
+from verifier_service import fast_linear, static_decoder
 from verifier_service.acceptance import accept_greedy, accept_random
 from verifier_service.kv_cache import TargetSession
 from verifier_service.warping import warp
@@ -93,13 +95,15 @@ class Target:
     def __init__(self, model, tokenizer, name: str, *, session_ttl_s: float = 600.0, max_sessions: int = 256,
                  gemm: str = "auto", widths: Iterable[int] | None = None, warmup: bool = True,
                  prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, rowwise_attention: bool | None = None,
-                 max_block: int = 32):
+                 max_block: int = 32, decoder: str = "auto"):
         """``gemm``: "auto" (measure MKL and oneDNN per width at start-up, keep the faster), "onednn", or
         "mkl" (plain transformers). ``widths``: the block widths to measure and warm (default 1..9).
         ``warmup``: run and time forwards at each width now (fills ``cost_table()``). ``prefill_chunk``:
         tokens per prefill forward (None/0: the whole prompt at once). ``rowwise_attention``: small blocks
         attend row by row like plain steps (default: on when every width uses oneDNN). ``max_block``: the
-        longest draft block any session may send (a session may set a shorter one at start)."""
+        longest draft block any session may send (a session may set a shorter one at start). ``decoder``:
+        "static" (``static_decoder``; an error if the model is not Llama-shaped CPU fp32), "transformers"
+        (the model's own forward), or "auto" (static where it can run and ``gemm`` is not "mkl")."""
         self.model = model
         self.tokenizer = tokenizer
         self.device = model_device(model)
@@ -120,12 +124,29 @@ class Target:
         self.max_block = int(max_block)
         self.widths = tuple(sorted({int(w) for w in (widths or DEFAULT_WIDTHS)}))
         self.gemm_choice: fast_linear.GemmChoice | None = None
-        self.gemm, self.gemm_note = self._setup_gemm(gemm)
-        if rowwise_attention is None:
-            rowwise_attention = self.gemm != fast_linear.MKL and (self.gemm_choice is None or self.gemm_choice.uniform)
-        from verifier_service.forward import use_rowwise_attention
+        self.decoder: static_decoder.StaticDecoder | None = None
+        if decoder not in ("auto", "static", "transformers"):
+            raise ValueError(f"decoder must be 'auto', 'static' or 'transformers', not {decoder!r}")
+        why_not = static_decoder.unsupported_reason(model)
+        if decoder == "static" and why_not:
+            raise ValueError(f"decoder='static' cannot run {name}: {why_not}; use decoder='transformers'")
+        if decoder == "static" or (decoder == "auto" and not why_not and gemm != fast_linear.MKL):
+            self.decoder = static_decoder.StaticDecoder(model, gemm=gemm, widths=self.widths,
+                                                        exact_rows=rowwise_attention is not False)
+            self.gemm, self.gemm_choice = self.decoder.gemm, self.decoder.gemm_choice
+            self.gemm_note = "measured" if self.gemm_choice is not None else "asked for"
+            self.attention = "static, rows exact" if self.decoder.exact_rows else "static, rows batched"
+            log.info("%s", self.decoder.describe())
+        else:
+            self.gemm, self.gemm_note = self._setup_gemm(gemm)
+            if decoder == "auto" and why_not and gemm != fast_linear.MKL:
+                self.gemm_note += f"; transformers' forward ({why_not})"
+            if rowwise_attention is None:
+                rowwise_attention = self.gemm != fast_linear.MKL and (self.gemm_choice is None
+                                                                       or self.gemm_choice.uniform)
+            from verifier_service.forward import use_rowwise_attention
 
-        self.attention = use_rowwise_attention(model, bool(rowwise_attention))
+            self.attention = use_rowwise_attention(model, bool(rowwise_attention))
         self._cost_table: dict[int, float] = {}
         if warmup:
             self.warmup()
@@ -181,6 +202,8 @@ class Target:
         return dict(table)
 
     def _new_cache(self):
+        if self.decoder is not None:
+            return self.decoder.new_cache()
         from transformers import DynamicCache
 
         return DynamicCache(config=self.model.config)
@@ -196,6 +219,9 @@ class Target:
     @torch.inference_mode()
     def _forward(self, session: TargetSession, input_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
         """Feeds input_ids after the cached tokens; returns logits [len(input_ids) or 1, V] (float32)."""
+        if self.decoder is not None:
+            with self._forward_lock:
+                return self.decoder.forward(session.cache, input_ids, last_only)                 # [n or 1, V]
         ids = torch.tensor([list(input_ids)], dtype=torch.long, device=self.device)        # [1, n]
         with self._forward_lock:
             out = self.model(input_ids=ids, cache=session.cache, use_cache=True,

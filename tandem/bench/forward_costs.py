@@ -1,4 +1,4 @@
-"""Target forward cost per block width: HF eager (MKL) against the verifier's fast path, interleaved.
+"""Target forward cost per block width: HF eager (MKL) against the verifier's fast paths, interleaved.
 
     python -m tandem.bench.forward_costs --threads 1 --widths 1,2,3,5,8,16
 
@@ -6,12 +6,13 @@ Prints, for the target (default: the default target) on this machine: the CPU mo
 floor (bytes of the linear weights / measured read bandwidth), and ms per width (min and median over
 repeats, after a ``--context``-token prefill) for
   * eager    transformers as loaded (nn.Linear -> F.linear -> MKL, sdpa attention);
-  * fast     verifier_service's path: oneDNN on packed weights + row-wise attention (the Target default
-             when oneDNN wins);
-  * fast-sdpa the same GEMMs with transformers' sdpa attention (shows what the row-wise attention costs);
+  * hf-fast  transformers' forward with oneDNN on packed weights + row-wise attention (the verifier's
+             path for models the static decoder cannot run; its Llama path before the static decoder);
+  * static   ``verifier_service.static_decoder`` with oneDNN and exact rows (the Target default);
+  * static-batched  the same with a block's rows in one SDPA call (``--exact-rows off``);
   * gemm-mkl / gemm-onednn  the model's linear layers alone, once each;
 every configuration measured in turn within each repeat, so a change in load hits all alike. Also the
-max |logit| difference fast vs eager and whether the fast path's rows are bit-identical across widths.
+max |logit| difference against eager and whether each path's rows are bit-identical across widths.
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ OP_CLASSES = ("linear GEMMs", "attention", "norms + activations", "rotary + copi
 
 def _op_class(name: str) -> str:
     n = name.lower()
-    if any(k in n for k in ("linear", "aten::mm", "addmm", "matmul", "aten::bmm", "mkldnn")):
+    if any(k in n for k in ("linear", "aten::mm", "addmm", "matmul", "mkldnn")):
         return "linear GEMMs"
-    if any(k in n for k in ("attention", "softmax", "rowwise")):
+    if any(k in n for k in ("attention", "softmax", "rowwise", "bmm")):
         return "attention"
     if any(k in n for k in ("norm", "rsqrt", "pow", "mean", "silu", "sigmoid")):
         return "norms + activations"
@@ -72,23 +73,22 @@ def _op_class(name: str) -> str:
     return "other"
 
 
-def profile_by_class(model, configure, config: str, ids, n_ctx: int, width: int) -> dict[str, float]:
-    """Self CPU ms by op class of one forward of ``width`` positions after ``n_ctx`` cached tokens."""
+def profile_by_class(run, ids, n_ctx: int, width: int) -> dict[str, float]:
+    """Self CPU ms by op class of one forward of ``width`` positions after ``n_ctx`` cached tokens
+    (``run``: a configuration of ``main``: cache(), feed(cache, ids, last_only), crop(cache, w))."""
     import statistics
 
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from transformers import DynamicCache
 
-    configure(config)
     runs = []
     with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        model(input_ids=ids[:, :n_ctx], cache=cache, use_cache=True, logits_to_keep=1)
+        cache = run.cache()
+        run.feed(cache, ids[:n_ctx], last_only=True)
         for _ in range(4):
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                model(input_ids=ids[:, n_ctx:n_ctx + width], cache=cache, use_cache=True)
-            cache.crop(-width)
+                run.feed(cache, ids[n_ctx:n_ctx + width])
+            run.crop(cache, width)
             by = {}
             for ev in prof.key_averages():
                 by[_op_class(ev.key)] = by.get(_op_class(ev.key), 0.0) + ev.self_cpu_time_total / 1e3
@@ -104,8 +104,8 @@ def main(argv=None) -> int:
     p.add_argument("--widths", default="1,2,3,5,8,16", help="block widths, comma-separated")
     p.add_argument("--context", type=int, default=300, help="cached tokens before each timed forward")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--profile", type=int, default=0, help="also profile one forward of this block width, eager and "
-                   "fast, and print where its time goes by op class (torch profiler, self CPU time)")
+    p.add_argument("--profile", type=int, default=0, help="also profile one forward of this block width, eager, "
+                   "hf-fast and static, and print where its time goes by op class (torch profiler, self CPU time)")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -115,6 +115,7 @@ def main(argv=None) -> int:
     from tandem.models import load_causal_lm
     from verifier_service import fast_linear as fl
     from verifier_service.forward import use_rowwise_attention
+    from verifier_service.static_decoder import StaticDecoder
 
     torch.set_num_threads(args.threads)
     widths = sorted({int(w) for w in args.widths.split(",") if w.strip()})
@@ -131,47 +132,83 @@ def main(argv=None) -> int:
     fl.install(model, {}, fl.ONEDNN)
     fast_modules = {n: m for n, m in model.named_modules() if isinstance(m, fl.FastLinear)}
     plain_modules = {n: m.to_linear() for n, m in fast_modules.items()}
+    packed = [m.packed for m in fast_modules.values()]
 
     def configure(name):
-        mods = plain_modules if name == "eager" else fast_modules
+        mods = fast_modules if name == "hf-fast" else plain_modules
         for n, m in mods.items():
             fl._set_child(model, n, m)
-        use_rowwise_attention(model, name == "fast")
+        use_rowwise_attention(model, name == "hf-fast")
 
+    configure("eager")
+    static = StaticDecoder(model, gemm=fl.ONEDNN)              # the model's own weights, packed again
+    static_batched = StaticDecoder(model, gemm=fl.ONEDNN, exact_rows=False)
+
+    class HF:                       # (new cache, feed ids -> logits [n, V], crop the last w) per configuration
+        def __init__(self, name):
+            self.name = name
+
+        def cache(self):
+            configure(self.name)
+            return DynamicCache(config=model.config)
+
+        def feed(self, cache, ids_, last_only=False):
+            return model(input_ids=torch.tensor([ids_]), cache=cache, use_cache=True,
+                         logits_to_keep=1 if last_only else 0).logits[0]
+
+        @staticmethod
+        def crop(cache, w):
+            cache.crop(-w)
+
+    class Static:
+        def __init__(self, decoder):
+            self.decoder = decoder
+
+        def cache(self):
+            return self.decoder.new_cache()
+
+        def feed(self, cache, ids_, last_only=False):
+            return self.decoder.forward(cache, ids_, last_only)
+
+        @staticmethod
+        def crop(cache, w):
+            cache.crop(-w)
+
+    runners = {"eager": HF("eager"), "hf-fast": HF("hf-fast"), "static": Static(static),
+               "static-batched": Static(static_batched)}
     n_ctx = max(1, min(args.context, int(getattr(model.config, "max_position_embeddings", 2048)) - widths[-1] - 1))
     vocab = model.get_output_embeddings().weight.shape[0]
-    ids = torch.tensor([[(7 * i + 3) % vocab for i in range(n_ctx + widths[-1])]])
-    configs = ["eager", "fast", "fast-sdpa"]
+    ids = [(7 * i + 3) % vocab for i in range(n_ctx + widths[-1])]
+    configs = list(runners)
     fwd = {(c, w): [] for c in configs for w in widths}
     prefill = {c: [] for c in configs}
     gemm = {(k, w): [] for k in fl.KERNELS for w in widths}
-    packed = [m.packed for m in fast_modules.values()]
     gen = torch.Generator().manual_seed(0)
     inputs = {(r, k): torch.randn(r, k, generator=gen) for r in widths for k in {w.shape[1] for w, _ in weights}}
     logits = {}
     with torch.inference_mode():
         for rep in range(args.repeats + 1):                   # repeat 0: warm-up, not recorded
             for c in configs[rep % len(configs):] + configs[:rep % len(configs)]:
-                configure(c)
-                cache = DynamicCache(config=model.config)
-                t = _timed(lambda: model(input_ids=ids[:, :n_ctx], cache=cache, use_cache=True,
-                                         logits_to_keep=1))
+                run = runners[c]
+                cache = run.cache()
+                t = _timed(lambda: run.feed(cache, ids[:n_ctx], last_only=True))
                 if rep:
                     prefill[c].append(t * 1e3)
                 for w in widths:
                     t0 = time.perf_counter()
-                    out = model(input_ids=ids[:, n_ctx:n_ctx + w], cache=cache, use_cache=True)
+                    out = run.feed(cache, ids[n_ctx:n_ctx + w])
                     dt = (time.perf_counter() - t0) * 1e3
-                    cache.crop(-w)
+                    run.crop(cache, w)
                     if rep:
                         fwd[(c, w)].append(dt)
                     else:
-                        logits[(c, w)] = out.logits[0].clone()
+                        logits[(c, w)] = out.clone()
             for w in widths:
                 for k in fl.KERNELS:
                     dt = fl.time_gemms(weights, packed, k, w, inputs)
                     if rep:
                         gemm[(k, w)].append(dt)
+    configure("eager")
 
     def cell(xs):
         return f"{min(xs):.1f} / {statistics.median(xs):.1f}"
@@ -184,32 +221,31 @@ def main(argv=None) -> int:
           "per forward (every weight read once)")
     print(f"- prefill of {n_ctx} tokens: " + ", ".join(f"{c} {cell(prefill[c])}" for c in configs))
     print()
-    print("| width | floor | eager (MKL) | fast | fast-sdpa | GEMMs MKL | GEMMs oneDNN | spread eager / fast |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| width | floor | eager (MKL) | hf-fast | static | static-batched | GEMMs MKL | GEMMs oneDNN | "
+          "spread eager / static |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for w in widths:
         spread = " / ".join(f"{(max(fwd[(c, w)]) - min(fwd[(c, w)])) / statistics.median(fwd[(c, w)]) * 100:.0f}%"
-                            for c in ("eager", "fast"))
-        print(f"| {w} | {floor_ms:.1f} | {cell(fwd[('eager', w)])} | {cell(fwd[('fast', w)])} | "
-              f"{cell(fwd[('fast-sdpa', w)])} | {cell(gemm[('mkl', w)])} | {cell(gemm[('onednn', w)])} | {spread} |")
+                            for c in ("eager", "static"))
+        print(f"| {w} | {floor_ms:.1f} | " + " | ".join(cell(fwd[(c, w)]) for c in configs)
+              + f" | {cell(gemm[('mkl', w)])} | {cell(gemm[('onednn', w)])} | {spread} |")
     print()
-    diff = max(float((logits[("fast", w)] - logits[("eager", w)]).abs().max()) for w in widths)
     top = widths[-1]
-    bitwise = all(torch.equal(logits[("fast", w)], logits[("fast", top)][:w]) for w in widths)
-    bitwise_sdpa = all(torch.equal(logits[("fast-sdpa", w)], logits[("fast-sdpa", top)][:w]) for w in widths)
-    bitwise_eager = all(torch.equal(logits[("eager", w)], logits[("eager", top)][:w]) for w in widths)
+    diffs = {c: max(float((logits[(c, w)] - logits[("eager", w)]).abs().max()) for w in widths) for c in configs[1:]}
+    bitwise = {c: all(torch.equal(logits[(c, w)], logits[(c, top)][:w]) for w in widths) for c in configs}
     if args.profile:
         print()
         print(f"Where one forward of width {args.profile} goes (self CPU ms, torch profiler, median of 3):")
         print()
-        print("| op class | eager (MKL) | fast |")
-        print("|---|---|---|")
-        rows = {c: profile_by_class(model, configure, c, ids, n_ctx, args.profile) for c in ("eager", "fast")}
+        print("| op class | eager (MKL) | hf-fast | static |")
+        print("|---|---|---|---|")
+        rows = {c: profile_by_class(runners[c], ids, n_ctx, args.profile) for c in ("eager", "hf-fast", "static")}
         for cls in OP_CLASSES + ("other",):
-            print(f"| {cls} | {rows['eager'].get(cls, 0.0):.1f} | {rows['fast'].get(cls, 0.0):.1f} |")
-        print(f"| total | {sum(rows['eager'].values()):.1f} | {sum(rows['fast'].values()):.1f} |")
-    print(f"- max |logit| difference fast vs eager: {diff:.2e}")
-    print(f"- rows bit-identical across widths (row i of width w == row i of width {top}): fast {bitwise}, "
-          f"fast-sdpa {bitwise_sdpa}, eager {bitwise_eager}")
+            print(f"| {cls} | " + " | ".join(f"{rows[c].get(cls, 0.0):.1f}" for c in rows) + " |")
+        print("| total | " + " | ".join(f"{sum(rows[c].values()):.1f}" for c in rows) + " |")
+    print("- max |logit| difference against eager: " + ", ".join(f"{c} {d:.2e}" for c, d in diffs.items()))
+    print(f"- rows bit-identical across widths (row i of width w == row i of width {top}): "
+          + ", ".join(f"{c} {b}" for c, b in bitwise.items()))
     return 0
 
 

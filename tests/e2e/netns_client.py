@@ -1,6 +1,10 @@
 """Greedy requests to one gateway, timed; prints one JSON object. Run inside the gateway's namespace:
 
     python netns_client.py --gateway 127.0.0.1:PORT --ca ca.pem --prompts-json '[...]' --max-tokens N [--no-speculation]
+        [--draft-length K]
+
+Besides outputs and timings it reports the draft lengths the gateway chose: mean k over all rounds, over
+speculative rounds, and the share of plain (k = 0) rounds.
 
 The token comes from TANDEM_TOKEN. A warm-up request first, then each prompt once (a bounded loop).
 """
@@ -36,6 +40,7 @@ def main() -> None:
     prompts = json.loads(args.prompts_json)
     out = {"outputs": [], "tokens": 0, "seconds": 0.0, "rounds": 0, "accepted": 0, "speculative": [],
            "fallback": []}
+    ks: list[int] = []                                       # the k of every round (0: a plain step)
     with grpc.secure_channel(args.gateway, creds) as channel:
         stub = gateway_grpc.GatewayStub(channel)
 
@@ -55,6 +60,11 @@ def main() -> None:
             out["accepted"] += reply.stats.accepted
             out["speculative"].append(reply.stats.speculative)
             out["fallback"].append(reply.stats.fallback_reason)
+            ks += [r.k for r in reply.stats.round_stats]
+    drafted = [k for k in ks if k > 0]
+    out["mean_k"] = sum(ks) / len(ks) if ks else 0.0                 # over all rounds
+    out["mean_k_drafted"] = sum(drafted) / len(drafted) if drafted else 0.0   # over speculative rounds
+    out["k0_share"] = (len(ks) - len(drafted)) / len(ks) if ks else 0.0
     print(json.dumps(out))
 
 

@@ -129,104 +129,139 @@ def noisy_drafter_onnx(tiny_long_target_dir, tmp_path_factory):
     return out
 
 
-def test_two_hosts_with_delay_keep_greedy_outputs_and_report_throughput(hosts, request, tmp_path):
+def models_for(request):
+    """(label, target, drafter, prompts, max_tokens, chat) for TANDEM_NETNS_MODEL (tiny by default)."""
     model = os.environ.get("TANDEM_NETNS_MODEL", "tiny")
     if model == "default":
-        target, drafter = "default", "default"
-        prompts = ["Write a haiku about autumn.", "Explain what a hash table is in two sentences.",
-                   "List three uses of copper."]
-        max_tokens, chat, k = 64, True, 4
-    else:
-        target = str(request.getfixturevalue("tiny_long_target_dir"))
-        drafter = str(request.getfixturevalue("noisy_drafter_onnx"))
-        prompts = ["w1 w5 w9 w20", "w3 w4", "w7 w7 w8 w30 w31", "w12 w40"]
-        max_tokens, chat, k = 128, False, 4
+        return (model, "default", "default", ["Write a haiku about autumn.",
+                                              "Explain what a hash table is in two sentences.",
+                                              "List three uses of copper."], 64, True)
+    return (model, str(request.getfixturevalue("tiny_long_target_dir")),
+            str(request.getfixturevalue("noisy_drafter_onnx")),
+            ["w1 w5 w9 w20", "w3 w4", "w7 w7 w8 w30 w31", "w12 w40"], 128, False)
 
-    certs = tmp_path / "certs"
-    make_certs(certs, [f"node={A_ADDR},{B_ADDR}"], client=None)
-    tls = ["--tls-cert", str(certs / "node.pem"), "--tls-key", str(certs / "node.key"), "--tls-ca", str(certs / "ca.pem")]
-    env = {"TANDEM_TOKEN": TOKEN}
-    in_a, in_b = hosts.exec_in(hosts.a), hosts.exec_in(hosts.b)
-    procs: list = []
 
-    def service(kind, args, name, prefix):
-        p = ServiceProcess(kind, [*args, *tls], tmp_path, name=name, prefix=prefix, env=env)
-        procs.append(p)
+class Deployment:
+    """The verifier and two drafters (one in host A behind the veth, one on host B's loopback) with TLS and a
+    token, gateways in host B started by ``gateway(name, drafter_link, *flags)`` (drafter_link: "loopback",
+    "veth" or "delayed"), and the delay on the veth link (netem, or the relay in host A)."""
+
+    def __init__(self, hosts, tmp_path, target: str, drafter: str, prompts, max_tokens: int, chat: bool):
+        self.hosts, self.tmp = hosts, tmp_path
+        self.prompts, self.max_tokens, self.chat = prompts, max_tokens, chat
+        self.certs = tmp_path / "certs"
+        make_certs(self.certs, [f"node={A_ADDR},{B_ADDR}"], client=None)
+        self.tls = ["--tls-cert", str(self.certs / "node.pem"), "--tls-key", str(self.certs / "node.key"),
+                    "--tls-ca", str(self.certs / "ca.pem")]
+        self.env = {"TANDEM_TOKEN": TOKEN}
+        self.in_a, self.in_b = hosts.exec_in(hosts.a), hosts.exec_in(hosts.b)
+        self.procs: list = []
+        self.relay = None
+        self.gw_ports: dict[str, int] = {}
+        try:
+            verifier = self._service("verifier", ["--target", target, "--port", "0", "--threads", "1"], "verifier",
+                                     self.in_b)
+            remote = self._service("drafter", ["--drafter", drafter, "--host", A_ADDR, "--port", "0", "--threads",
+                                               "1"], "drafter-a", self.in_a)
+            local = self._service("drafter", ["--drafter", drafter, "--port", "0", "--threads", "1"], "drafter-b",
+                                  self.in_b)
+            v_port, r_port, l_port = verifier.wait_port(600), remote.wait_port(600), local.wait_port(600)
+            self.verifier_addr = f"127.0.0.1:{v_port}"
+            self.drafters = {"loopback": f"127.0.0.1:{l_port}", "veth": f"{A_ADDR}:{r_port}"}
+            self.delay_file = tmp_path / "delay_ms"
+            if hosts.netem:
+                self.how = "tc netem on both veth ends"
+                self.drafters["delayed"] = self.drafters["veth"]
+            else:
+                self.how = f"userspace relay in host A (no kernel netem: {hosts.netem_error!r})"
+                self.delay_file.write_text("0")
+                port_file = tmp_path / "relay.port"
+                self.relay = subprocess.Popen(
+                    [*self.in_a, sys.executable, str(HERE / "netns_relay.py"), "--listen", A_ADDR, "--port-file",
+                     str(port_file), "--to", f"{A_ADDR}:{r_port}", "--delay-file", str(self.delay_file)],
+                    stdout=subprocess.DEVNULL, stderr=open(tmp_path / "relay.log", "w"))
+                assert wait_until(lambda: port_file.exists() and port_file.read_text().strip(), 30)
+                self.drafters["delayed"] = f"{A_ADDR}:{port_file.read_text().strip()}"
+        except BaseException:
+            self.close()
+            raise
+
+    def _service(self, kind, args, name, prefix):
+        p = ServiceProcess(kind, [*args, *self.tls], self.tmp, name=name, prefix=prefix, env=self.env)
+        self.procs.append(p)
         return p
 
-    relay = None
-    try:
-        verifier = service("verifier", ["--target", target, "--port", "0", "--threads", "1"], "verifier", in_b)
-        remote = service("drafter", ["--drafter", drafter, "--host", A_ADDR, "--port", "0", "--threads", "1"],
-                         "drafter-a", in_a)
-        local = service("drafter", ["--drafter", drafter, "--port", "0", "--threads", "1"], "drafter-b", in_b)
-        v_port, r_port, l_port = verifier.wait_port(600), remote.wait_port(600), local.wait_port(600)
+    def gateways(self, specs: dict[str, tuple[str, list[str]]]) -> None:
+        """Starts {name: (drafter link, extra gateway flags)} and waits for them all."""
+        started = {name: self._service("gateway", ["--verifier", self.verifier_addr, "--port", "0",
+                                                   "--max-tokens-limit", "512", "--drafter", self.drafters[link],
+                                                   *flags], f"gw-{name}", self.in_b)
+                   for name, (link, flags) in specs.items()}
+        self.gw_ports.update({name: gw.wait_port(600) for name, gw in started.items()})
 
-        gw_args = ["--verifier", f"127.0.0.1:{v_port}", "--port", "0", "--max-tokens-limit", "512",
-                   "--draft-length", str(k)]
-        gateways = {"loopback": service("gateway", [*gw_args, "--drafter", f"127.0.0.1:{l_port}"], "gw-loopback", in_b),
-                    "veth": service("gateway", [*gw_args, "--drafter", f"{A_ADDR}:{r_port}"], "gw-veth", in_b)}
-        delay_file = tmp_path / "delay_ms"
-        if hosts.netem:
-            how = "tc netem on both veth ends"
-            gateways["delayed"] = gateways["veth"]
+    def run_client(self, gateway: str, *extra: str) -> dict:
+        r = subprocess.run([*self.in_b, sys.executable, str(HERE / "netns_client.py"), "--gateway",
+                            f"127.0.0.1:{self.gw_ports[gateway]}", "--ca", str(self.certs / "ca.pem"),
+                            "--prompts-json", json.dumps(self.prompts), "--max-tokens", str(self.max_tokens),
+                            *(["--chat"] if self.chat else []), *extra],
+                           capture_output=True, text=True, timeout=1800, env=dict(os.environ, **self.env))
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    def set_delay(self, ms: float) -> None:
+        if self.hosts.netem:
+            self.hosts.set_netem(ms)
         else:
-            how = f"userspace relay in host A (no kernel netem: {hosts.netem_error!r})"
-            delay_file.write_text("0")
-            relay_port_file = tmp_path / "relay.port"
-            relay = subprocess.Popen([*in_a, sys.executable, str(HERE / "netns_relay.py"), "--listen", A_ADDR,
-                                      "--port-file", str(relay_port_file), "--to", f"{A_ADDR}:{r_port}",
-                                      "--delay-file", str(delay_file)], stdout=subprocess.DEVNULL,
-                                     stderr=open(tmp_path / "relay.log", "w"))
-            assert wait_until(lambda: relay_port_file.exists() and relay_port_file.read_text().strip(), 30)
-            gateways["delayed"] = service("gateway", [*gw_args, "--drafter",
-                                                      f"{A_ADDR}:{relay_port_file.read_text().strip()}"],
-                                          "gw-delayed", in_b)
-        gw_ports = {name: gw.wait_port(600) for name, gw in gateways.items()}
+            self.delay_file.write_text(str(ms))
+            time.sleep(0.2)                       # the relay re-reads it every 50 ms
 
-        def run_client(gateway: str, *extra: str) -> dict:
-            r = subprocess.run([*in_b, sys.executable, str(HERE / "netns_client.py"), "--gateway",
-                                f"127.0.0.1:{gw_ports[gateway]}", "--ca", str(certs / "ca.pem"),
-                                "--prompts-json", json.dumps(prompts), "--max-tokens", str(max_tokens),
-                                *(["--chat"] if chat else []), *extra],
-                               capture_output=True, text=True, timeout=1800, env=dict(os.environ, **env))
-            assert r.returncode == 0, r.stderr[-3000:]
-            return json.loads(r.stdout.strip().splitlines()[-1])
+    def close(self) -> None:
+        for p in self.procs:
+            p.close()
+        if self.relay is not None:
+            self.relay.terminate()
+            try:
+                self.relay.wait(10)
+            except subprocess.TimeoutExpired:
+                self.relay.kill()
 
-        def set_delay(ms: int) -> None:
-            if hosts.netem:
-                hosts.set_netem(ms)
-            else:
-                delay_file.write_text(str(ms))
-                time.sleep(0.2)                       # the relay re-reads it every 50 ms
 
-        # Each configuration REPEATS times, interleaved, keeping the fastest run: the machine is shared.
+def best_of(deployment, plan, repeats):
+    """Runs each (name, gateway, delay ms, client flags) of ``plan`` ``repeats`` times, interleaved (the machine
+    is shared), and keeps each one's fastest run; outputs must not change between runs."""
+    results: dict[str, dict] = {}
+    for _ in range(repeats):
+        for name, gateway, ms, extra in plan:
+            deployment.set_delay(ms)
+            r = deployment.run_client(gateway, *extra)
+            if name in results:
+                assert r["outputs"] == results[name]["outputs"], f"{name}: outputs differ between runs"
+            if name not in results or r["seconds"] < results[name]["seconds"]:
+                results[name] = r
+    deployment.set_delay(0)
+    return results
+
+
+def test_two_hosts_with_delay_keep_greedy_outputs_and_report_throughput(hosts, request, tmp_path):
+    model, target, drafter, prompts, max_tokens, chat = models_for(request)
+    k = 4
+    d = Deployment(hosts, tmp_path, target, drafter, prompts, max_tokens, chat)
+    try:
+        pinned = ["--draft-length", str(k)]
+        d.gateways({"loopback": ("loopback", pinned), "veth": ("veth", pinned)}
+                   | ({} if hosts.netem else {"delayed": ("delayed", pinned)}))
+        if hosts.netem:
+            d.gw_ports["delayed"] = d.gw_ports["veth"]
         plan = [("plain (target only)", "loopback", 0, ["--no-speculation"]), ("loopback", "loopback", 0, []),
                 ("veth, no added delay", "veth", 0, []),
                 *[(f"veth, {ms} ms each way", "delayed", ms, []) for ms in DELAYS_MS]]
-        results: dict[str, dict] = {}
-        for _ in range(REPEATS):
-            for name, gateway, ms, extra in plan:
-                set_delay(ms)
-                r = run_client(gateway, *extra)
-                if name in results:
-                    assert r["outputs"] == results[name]["outputs"], f"{name}: outputs differ between runs"
-                if name not in results or r["seconds"] < results[name]["seconds"]:
-                    results[name] = r
-        set_delay(0)
+        results = best_of(d, plan, REPEATS)
     finally:
-        for p in procs:
-            p.close()
-        if relay is not None:
-            relay.terminate()
-            try:
-                relay.wait(10)
-            except subprocess.TimeoutExpired:
-                relay.kill()
+        d.close()
 
     plain = results["plain (target only)"]
     lines = [f"[netns] model {model}, {len(prompts)} prompts x {max_tokens} tokens, greedy, k={k}, TLS + token, "
-             f"best of {REPEATS}; delay by {how}"]
+             f"best of {REPEATS}; delay by {d.how}"]
     base = results["loopback"]["tokens"] / results["loopback"]["seconds"]
     for name, r in results.items():
         tps = r["tokens"] / r["seconds"]
@@ -239,3 +274,51 @@ def test_two_hosts_with_delay_keep_greedy_outputs_and_report_throughput(hosts, r
         assert r["outputs"] == plain["outputs"], f"{name}: greedy output differs from plain decoding"
         if name != "plain (target only)":
             assert all(r["speculative"]) and not any(r["fallback"]), (name, r["fallback"])
+
+
+AUTO_DELAY_MS = float(os.environ.get("TANDEM_NETNS_AUTO_DELAY_MS", "5"))     # each way: 10 ms added round trip
+FIXED_KS = tuple(int(k) for k in os.environ.get("TANDEM_NETNS_FIXED_KS", "1,2,3,4,6,8").split(","))
+
+
+def test_auto_draft_length_grows_with_the_round_trip_to_the_drafter(hosts, request, tmp_path):
+    """Issue 15's delay check: gateways with ``--draft-length auto`` on loopback and behind a link with
+    AUTO_DELAY_MS each way; auto must draft longer blocks behind the delay (it measures the round trip as
+    per-round overhead), and every mode's greedy output must equal plain decoding. The fixed-k sweep under
+    the same conditions is printed beside auto (with -s) and saved to netns_auto.txt: timings are reported,
+    not asserted."""
+    model, target, drafter, prompts, max_tokens, chat = models_for(request)
+    d = Deployment(hosts, tmp_path, target, drafter, prompts, max_tokens, chat)
+    try:
+        auto = ["--draft-length", "auto", "--max-draft-length", str(max(FIXED_KS))]
+        d.gateways({"loopback": ("loopback", auto), "delayed": ("delayed", auto)})
+        plan = []
+        for link, ms in (("loopback", 0), ("delayed", AUTO_DELAY_MS)):
+            plan += [(f"{link} plain", link, ms, ["--no-speculation"]), (f"{link} auto", link, ms, [])]
+            plan += [(f"{link} k={k}", link, ms, ["--draft-length", str(k)]) for k in FIXED_KS]
+        results = best_of(d, plan, REPEATS)
+    finally:
+        d.close()
+
+    lines = [f"[netns-auto] model {model}, {len(prompts)} prompts x {max_tokens} tokens, greedy, TLS + token, "
+             f"best of {REPEATS}; delayed link: {AUTO_DELAY_MS:g} ms each way by {d.how}"]
+    for link in ("loopback", "delayed"):
+        plain_tps = results[f"{link} plain"]["tokens"] / results[f"{link} plain"]["seconds"]
+        fixed = {k: results[f"{link} k={k}"] for k in FIXED_KS}
+        best_k = max(fixed, key=lambda k: fixed[k]["tokens"] / fixed[k]["seconds"])
+        best_tps = fixed[best_k]["tokens"] / fixed[best_k]["seconds"]
+        for name in [f"{link} plain", f"{link} auto", *[f"{link} k={k}" for k in FIXED_KS]]:
+            r = results[name]
+            tps = r["tokens"] / r["seconds"]
+            tau = 1 + r["accepted"] / r["rounds"] if r["rounds"] else 1.0
+            lines.append(f"[netns-auto]   {name:<16} {tps:7.1f} tok/s  {tps / plain_tps:4.2f}x plain  "
+                         f"{tps / best_tps:4.2f}x best fixed (k={best_k})  mean k {r['mean_k']:.2f}  "
+                         f"plain rounds {r['k0_share'] * 100:3.0f}%  tau {tau:.2f}")
+    print("\n" + "\n".join(lines))
+    (tmp_path / "netns_auto.txt").write_text("\n".join(lines) + "\n")
+    plain = results["loopback plain"]["outputs"]
+    for name, r in results.items():
+        assert r["outputs"] == plain, f"{name}: greedy output differs from plain decoding"
+    near, far = results["loopback auto"], results["delayed auto"]
+    assert far["mean_k_drafted"] > near["mean_k_drafted"], (
+        f"auto drafted {far['mean_k_drafted']:.2f} tokens per speculative round behind {AUTO_DELAY_MS:g} ms each way, "
+        f"{near['mean_k_drafted']:.2f} on loopback: it should draft longer blocks when a round trip costs more")

@@ -1,0 +1,292 @@
+"""The target's forward without transformers' per-call machinery: a Llama-family decoder over the model's
+own weights, a static KV cache indexed by position, and rows of a verify block computed as plain steps.
+
+Why (issue 14): on a 2-core CPU a width-1 step of SmolLM2-135M through transformers' modules spends
+~9 ms beyond its GEMMs (module calls, mask and cache bookkeeping, 7 linears per layer); this forward
+runs the same math in ~25 tensor ops per layer:
+
+  x = embed(ids)                                     [n, hidden]
+  per layer:
+    qkv = W_qkv . rms_norm(x)                        one GEMM for q, k and v (weights concatenated)
+    q, k = rope(q, k at positions start..start+n-1)  cos/sin from the model's own rotary table
+    cache[layer, start:start+n] = k, v               the cache is a preallocated tensor; no concat
+    o = attention(q, cache[:start+n])                per row for verify blocks (below)
+    x = x + W_o . o
+    x = x + W_down . (silu(g) * u),  [g, u] = W_gate_up . rms_norm(x)   one GEMM for gate and up
+  logits = W_head . rms_norm(x) for the rows asked for (the last one in prefill)
+
+Exact rows (``exact_rows=True``): for blocks of up to ``ROW_BY_ROW_MAX`` rows, each query row attends
+to its own causal prefix through the same single-row code a plain step runs, and every other op is
+row-independent (GEMMs on oneDNN packed weights, see ``fast_linear``; row-wise norms; elementwise ops),
+so row i of a verify block is bit-identical to the plain step that would have computed it: greedy
+speculative output equals plain decoding exactly. Prefill chunks (more rows) use one masked SDPA call.
+
+The KV rollback is ``StaticKVCache.crop``: the length moves back, nothing is copied.
+
+``supports(model)`` says whether a model has this structure (LlamaForCausalLM and the models that copy
+it: q/k/v (and gate/up) with biases on all or none, no sliding window, no q/k norms, pre-norm RMSNorm, SiLU MLP).
+Anything else keeps transformers' forward (``Target`` falls back).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from verifier_service import fast_linear
+
+ROW_BY_ROW_MAX = 32           # blocks up to this many rows attend row by row (exact rows)
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+CACHE_STEP = 256              # the cache grows in steps of this many positions (at least doubling)
+
+
+def unsupported_reason(model) -> str | None:
+    """None when ``StaticDecoder`` can run ``model``; otherwise why not (kept for the start-up line)."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "model_type", None) not in SUPPORTED_TYPES:
+        return f"model type {getattr(config, 'model_type', None)!r} is not one of {SUPPORTED_TYPES}"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r}"
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or not hasattr(inner, "rotary_emb") or not hasattr(inner, "norm"):
+        return "not a decoder with model.layers / rotary_emb / norm"
+    weight = model.get_output_embeddings().weight
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return f"the static decoder is for CPU fp32 ({weight.device.type}, {weight.dtype})"
+    for layer in layers:
+        a, m = layer.self_attn, layer.mlp
+        if not all(hasattr(a, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            return "attention without q/k/v/o projections"
+        if not all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj")):
+            return "MLP without gate/up/down projections"
+        if getattr(a, "q_norm", None) is not None or getattr(a, "k_norm", None) is not None:
+            return "q/k norms"
+        if (m.gate_proj.bias is None) != (m.up_proj.bias is None):
+            return "mixed gate/up biases"
+        if len({a.q_proj.bias is None, a.k_proj.bias is None, a.v_proj.bias is None}) != 1:
+            return "mixed q/k/v biases"
+    return None
+
+
+def supports(model) -> bool:
+    return unsupported_reason(model) is None
+
+
+class StaticKVCache:
+    """K and V of every layer for one session: one tensor [layers, 2, kv_heads, capacity, head_dim],
+    indexed by position. ``length`` positions are valid; ``crop`` moves the length back (the rollback);
+    ``reserve`` grows the capacity (a copy, at least doubling) before a forward writes past it."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, max_length: int, capacity: int | None = None):
+        self.max_length = int(max_length)
+        capacity = CACHE_STEP if capacity is None else int(capacity)
+        self.kv = torch.zeros(layers, 2, kv_heads, max(1, min(capacity, self.max_length)), head_dim)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.shape[3]
+
+    def reserve(self, length: int) -> None:
+        if length > self.max_length:
+            raise ValueError(f"{length} positions exceed the target's context of {self.max_length}")
+        if length <= self.capacity:
+            return
+        capacity = min(self.max_length, max(2 * self.capacity, math.ceil(length / CACHE_STEP) * CACHE_STEP))
+        grown = self.kv.new_zeros(*self.kv.shape[:3], capacity, self.kv.shape[4])
+        grown[:, :, :, :self.length] = self.kv[:, :, :, :self.length]
+        self.kv = grown
+
+    # the DynamicCache calls TargetSession uses
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, max_length: int) -> None:
+        """Keeps the first ``max_length`` positions (negative: drops the last -max_length), as DynamicCache.crop."""
+        keep = self.length + max_length if max_length < 0 else max_length
+        if not 0 <= keep <= self.length:
+            raise ValueError(f"cannot keep {keep} of {self.length} cached positions")
+        self.length = keep
+
+    def nbytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+
+def _merged_linear(linears: Sequence[nn.Linear]) -> nn.Linear:
+    """One nn.Linear whose output is the concatenation of ``linears``' outputs. The originals' weights become
+    views into the merged one (no second dense copy; the transformers model keeps working)."""
+    weight = torch.cat([lin.weight.detach() for lin in linears]).contiguous()
+    bias = None if linears[0].bias is None else torch.cat([lin.bias.detach() for lin in linears]).contiguous()
+    merged = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    merged.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        merged.bias = nn.Parameter(bias, requires_grad=False)
+    row = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[row:row + rows], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[row:row + rows], requires_grad=False)
+        row += rows
+    return merged
+
+
+class _Layer(nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        a, m = layer.self_attn, layer.mlp
+        self.qkv = _merged_linear([a.q_proj, a.k_proj, a.v_proj])
+        self.o = a.o_proj
+        self.gate_up = _merged_linear([m.gate_proj, m.up_proj])
+        self.down = m.down_proj
+        self.norm1 = layer.input_layernorm.weight.detach()
+        self.norm2 = layer.post_attention_layernorm.weight.detach()
+        self.eps1 = float(layer.input_layernorm.variance_epsilon)
+        self.eps2 = float(layer.post_attention_layernorm.variance_epsilon)
+
+
+class _Linears(nn.Module):
+    """The decoder's linear layers as modules, so ``fast_linear.install/choose_gemm`` can pack and time them."""
+
+    def __init__(self, layers: Iterable[_Layer], head: nn.Linear):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.head = head
+
+
+class StaticDecoder:
+    """The forward of a Llama-family ``model`` (see the module docstring); build with ``StaticDecoder(model)``."""
+
+    def __init__(self, model, *, gemm: str = "auto", widths: Iterable[int] = range(1, 10), exact_rows: bool = True):
+        reason = unsupported_reason(model)
+        if reason:
+            raise ValueError(f"the static decoder cannot run this model: {reason}")
+        config = model.config
+        inner = model.model
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.group = self.heads // self.kv_heads
+        self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.head_dim ** -0.5))
+        self.max_length = int(getattr(config, "max_position_embeddings", 2048))
+        self.exact_rows = bool(exact_rows)
+        self.embed = inner.embed_tokens.weight.detach()
+        self.norm = inner.norm.weight.detach()
+        self.norm_eps = float(inner.norm.variance_epsilon)
+        self._rotary = inner.rotary_emb
+        self._cos = self._sin = torch.empty(0, self.head_dim)
+        with torch.no_grad():
+            self.linears = _Linears([_Layer(layer) for layer in inner.layers], model.get_output_embeddings())
+        self.layers = list(self.linears.layers)
+        self.gemm, self.gemm_choice = self._install_gemm(gemm, widths)
+        self._positions(min(self.max_length, 4096))
+
+    # ---- set-up ------------------------------------------------------------------------------
+    def _install_gemm(self, gemm: str, widths: Iterable[int]):
+        if gemm not in fast_linear.GEMM_MODES:
+            raise ValueError(f"gemm must be one of {fast_linear.GEMM_MODES}, not {gemm!r}")
+        if gemm == fast_linear.MKL or not fast_linear.onednn_available():
+            fast_linear.install(self.linears, {}, fast_linear.MKL)
+            return fast_linear.MKL, None
+        fast_linear.install(self.linears, {}, fast_linear.ONEDNN)
+        if gemm == fast_linear.ONEDNN:
+            return fast_linear.ONEDNN, None
+        choice = fast_linear.choose_gemm(self.linears, widths)
+        fast_linear.install(self.linears, choice.choice, choice.default)
+        if all(k == fast_linear.MKL for k in list(choice.choice.values()) + [choice.default]):
+            return fast_linear.MKL, choice
+        return ("auto" if not choice.uniform else choice.default), choice
+
+    @property
+    def rows_independent(self) -> bool:
+        """True when a row's logits cannot depend on the block width (one GEMM kernel at every width, exact rows)."""
+        return self.exact_rows and (self.gemm_choice is None or self.gemm_choice.uniform)
+
+    def describe(self) -> str:
+        kernels = self.gemm if self.gemm_choice is None else self.gemm_choice.describe()
+        return (f"static decoder: {len(self.layers)} layers, GEMMs {kernels}; "
+                f"rows {'exact (row-wise attention)' if self.exact_rows else 'batched'}")
+
+    def _positions(self, upto: int) -> None:
+        """Extends the cos/sin tables [positions, head_dim] to ``upto`` positions (the model's rotary embedding)."""
+        have = self._cos.shape[0]
+        if upto <= have:
+            return
+        upto = min(self.max_length, max(upto, 2 * have))
+        with torch.inference_mode():
+            pos = torch.arange(upto)[None]
+            cos, sin = self._rotary(self.embed[:1], pos)
+        self._cos, self._sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+
+    def new_cache(self) -> StaticKVCache:
+        return StaticKVCache(len(self.layers), self.kv_heads, self.head_dim, self.max_length)
+
+    # ---- the forward -------------------------------------------------------------------------
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = self.head_dim // 2                                       # x [n, heads, head_dim]
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    def _attend_row_by_row(self, q: torch.Tensor, kv: torch.Tensor, start: int) -> torch.Tensor:
+        """q [n, heads, head_dim] at positions start..start+n-1; kv [2, kv_heads, capacity, head_dim].
+        Row i attends to keys 0..start+i with the code a width-1 step runs; returns [n, heads * head_dim]."""
+        n = q.shape[0]
+        qg = (q * self.scale).view(n, self.kv_heads, self.group, self.head_dim)      # [n, KV, G, D]
+        rows = []
+        for i in range(n):
+            keys = kv[0, :, :start + i + 1]                                         # [KV, m, D]
+            values = kv[1, :, :start + i + 1]
+            scores = torch.bmm(qg[i], keys.transpose(1, 2))                         # [KV, G, m]
+            rows.append(torch.bmm(torch.softmax(scores, dim=-1), values))          # [KV, G, D]
+        return torch.stack(rows).reshape(n, self.heads * self.head_dim)
+
+    def _attend_block(self, q: torch.Tensor, kv: torch.Tensor, start: int) -> torch.Tensor:
+        """All n rows in one SDPA call with a causal mask offset by ``start`` cached positions."""
+        n = q.shape[0]
+        total = start + n
+        keys = kv[0, :, :total][None]                                                # [1, KV, total, D]
+        values = kv[1, :, :total][None]
+        mask = torch.ones(n, total, dtype=torch.bool).tril(diagonal=start)          # row i sees 0..start+i
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, attn_mask=mask,
+                                             scale=self.scale, enable_gqa=self.group > 1)   # [1, H, n, D]
+        return out[0].transpose(0, 1).reshape(n, self.heads * self.head_dim)
+
+    @torch.inference_mode()
+    def forward(self, cache: StaticKVCache, input_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
+        """Feeds ``input_ids`` after the cache's ``length`` positions, appends their K/V, and returns logits
+        [len(input_ids), vocab] (``last_only``: [1, vocab], the last row)."""
+        n = len(input_ids)
+        start = cache.length
+        cache.reserve(start + n)
+        self._positions(start + n)
+        ids = torch.as_tensor(list(input_ids), dtype=torch.long)
+        x = F.embedding(ids, self.embed)                                                # [n, hidden]
+        cos = self._cos[start:start + n, None]                                          # [n, 1, D]
+        sin = self._sin[start:start + n, None]
+        qk_width = (self.heads + self.kv_heads) * self.head_dim
+        row_by_row = n <= ROW_BY_ROW_MAX and (self.exact_rows or n == 1)
+        for index, layer in enumerate(self.layers):
+            kv = cache.kv[index]                                                        # [2, KV, capacity, D]
+            h = F.rms_norm(x, (x.shape[-1],), layer.norm1, layer.eps1)
+            qkv = layer.qkv(h)                                                          # [n, (H + 2 KV) D]
+            qk = self._rope(qkv[:, :qk_width].view(n, self.heads + self.kv_heads, self.head_dim), cos, sin)
+            kv[0, :, start:start + n] = qk[:, self.heads:].transpose(0, 1)
+            kv[1, :, start:start + n] = qkv[:, qk_width:].view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+            q = qk[:, :self.heads]
+            attended = self._attend_row_by_row(q, kv, start) if row_by_row else self._attend_block(q, kv, start)
+            x = x + layer.o(attended)
+            h = F.rms_norm(x, (x.shape[-1],), layer.norm2, layer.eps2)
+            gate_up = layer.gate_up(h)                                                  # [n, 2 I]
+            inner = gate_up.shape[1] // 2
+            x = x + layer.down(F.silu(gate_up[:, :inner]) * gate_up[:, inner:])
+        cache.length = start + n
+        if last_only:
+            x = x[-1:]
+        return self.linears.head(F.rms_norm(x, (x.shape[-1],), self.norm, self.norm_eps))
