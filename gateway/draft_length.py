@@ -516,8 +516,14 @@ class DraftLengthPolicy:
     grows steeply with width; longer on a slow link, where a short block cannot pay for the trip).
     A probe wins when the probes' realized tokens/ms (decayed by ``probe_decay``, so one lucky block
     does not count as a trend) beats the expected plain tokens/ms: a win resets the interval to
-    ``probe_every``, a loss doubles it up to ``probe_cap``. The estimates the probes update decide when
-    speculation comes back (choose_k picking k > 0 again).
+    ``probe_every``, a loss doubles it up to ``probe_cap`` -- and never beyond what the probe costs:
+    a probe that is refused whole costs its extra milliseconds over a plain step (expected_ms(k) /
+    expected_ms(0) - 1), so the interval stays at most that extra / ``probe_budget``, keeping the
+    worst-case loss to probing near ``probe_budget`` of plain throughput. Where verifying a short
+    block costs about a plain step (oneDNN's flat curve) probes stay frequent and a session whose
+    acceptance is bursty (writing) keeps its estimates fresh; where it costs much more (MKL's 2x at
+    width 3) they back off to ``probe_cap``. The estimates the probes update decide when speculation
+    comes back (choose_k picking k > 0 again).
     """
 
     cost: CostModel
@@ -528,6 +534,7 @@ class DraftLengthPolicy:
     probe_every: int = 4
     probe_cap: int = 64
     probe_k_max: int = 4
+    probe_budget: float = 0.02          # worst-case share of plain throughput spent on refused probes
     relax: float = 0.02                 # per plain round: stale session evidence drifts back to the prior
     interval: int = field(init=False)
     plain_streak: int = field(init=False, default=0)
@@ -535,6 +542,7 @@ class DraftLengthPolicy:
     last: Decision | None = field(init=False, default=None)
     probe_decay: float = 0.5            # weight of earlier probes in the probes' realized tokens/ms
     _probe_plain_rate: float | None = field(init=False, default=None)
+    _probe_cap_now: int = field(init=False, default=0)    # the interval's cost bound for the probe in flight
     _probe_tokens: float = field(init=False, default=0.0)
     _probe_ms: float = field(init=False, default=0.0)
 
@@ -564,6 +572,9 @@ class DraftLengthPolicy:
                     self.plain_streak = 0
                     probe = max(d.candidates[1:min(self.probe_k_max, k_max) + 1], key=lambda c: c.tokens_per_ms)
                     self._probe_plain_rate = d.candidates[0].tokens_per_ms
+                    extra = probe.expected_ms / d.candidates[0].expected_ms - 1.0
+                    self._probe_cap_now = (max(1, math.ceil(extra / self.probe_budget)) if math.isfinite(extra)
+                                           and self.probe_budget > 0 else self.probe_cap)
                     self.probes += 1
                     d = Decision(probe.k, probe.expected_tokens, probe.expected_ms, probe.tokens_per_ms,
                                  d.candidates, "probe")
@@ -581,5 +592,5 @@ class DraftLengthPolicy:
             if self._probe_tokens / self._probe_ms >= self._probe_plain_rate:
                 self.interval = self.probe_every
             else:
-                self.interval = min(self.interval * 2, self.probe_cap)
+                self.interval = max(1, min(self.interval * 2, self.probe_cap, self._probe_cap_now))
             self._probe_plain_rate = None

@@ -56,20 +56,23 @@ async def run(args) -> int:
     from tandem import telemetry
     from tandem.serving import serve_until_stopped
     from verifier_service.server import start_verifier
+    from verifier_service import torch_thread
     from verifier_service.target import Target
 
     if args.threads:
         torch.set_num_threads(args.threads)
+        torch_thread.run(torch.set_num_threads, args.threads)
     if args.exact_rows not in ("on", "off"):
         raise ValueError(f"--exact-rows is 'on' or 'off', not {args.exact_rows!r}")
-    target = Target.load(args.target, dtype=args.dtype, device=args.device, session_ttl_s=args.session_ttl,
+    target = await torch_thread.arun(Target.load, args.target, dtype=args.dtype, device=args.device,
+                                     session_ttl_s=args.session_ttl,
                          max_sessions=args.max_sessions, max_block=args.max_block, gemm=args.gemm,
                          prefill_chunk=args.prefill_chunk, warmup=not args.no_warmup, decoder=args.decoder,
                          rowwise_attention=None if args.exact_rows == "on" else False)
     print(f"[tandem] verifier: {'static decoder' if target.decoder else 'transformers forward'}, GEMMs "
           f"{target.gemm} ({target.gemm_note}), attention {target.attention}; ms per forward width "
-          + ", ".join(f"{w}: {ms:.1f}" for w, ms in sorted(target.cost_table().items())), file=sys.stderr,
-          flush=True)
+          + ", ".join(f"{w}: {ms:.1f}" for w, ms in sorted(target.cost_table().items()))
+          + f" (set-up {target.setup_s:.1f} s, warm-up {target.warmup_s:.1f} s)", file=sys.stderr, flush=True)
     tracing = telemetry.setup("tandem-verifier")        # after the warm-up forwards: nobody's trace
     service = await start_verifier(target, args.host, args.port, interceptors=tracing.server_interceptors())
     return await serve_until_stopped(service, f"verifier ({target.info.model_name})", args, tracing)

@@ -87,7 +87,9 @@ class StaticKVCache:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, max_length: int, capacity: int | None = None):
         self.max_length = int(max_length)
         capacity = CACHE_STEP if capacity is None else int(capacity)
-        self.kv = torch.zeros(layers, 2, kv_heads, max(1, min(capacity, self.max_length)), head_dim)
+        # empty, not zeros: positions >= length are written before they are read, and a fill is a parallel
+        # region, which must not run off the torch thread (verifier_service.torch_thread)
+        self.kv = torch.empty(layers, 2, kv_heads, max(1, min(capacity, self.max_length)), head_dim)
         self.length = 0
 
     @property
@@ -100,7 +102,7 @@ class StaticKVCache:
         if length <= self.capacity:
             return
         capacity = min(self.max_length, max(2 * self.capacity, math.ceil(length / CACHE_STEP) * CACHE_STEP))
-        grown = self.kv.new_zeros(*self.kv.shape[:3], capacity, self.kv.shape[4])
+        grown = self.kv.new_empty(*self.kv.shape[:3], capacity, self.kv.shape[4])
         grown[:, :, :, :self.length] = self.kv[:, :, :, :self.length]
         self.kv = grown
 

@@ -35,7 +35,7 @@ from tandem.models import model_device
 from tandem.sessions import SessionStore, check_session_id
 from tandem.types import DraftToken, ModelInfo, SamplingParams, VerifyOutcome
 from tandem.vocab import tokenizer_vocab_hash
-from verifier_service import fast_linear, static_decoder
+from verifier_service import fast_linear, static_decoder, torch_thread
 from verifier_service.acceptance import accept_greedy, accept_random
 from verifier_service.kv_cache import TargetSession
 from verifier_service.warping import warp
@@ -118,12 +118,14 @@ class Target:
         self.sessions: SessionStore[TargetSession] = SessionStore(session_ttl_s, max_sessions=max_sessions,
                                                                  what="verifier session",
                                                                  size_of=TargetSession.kv_bytes)
-        # One forward at a time: torch already uses every core for one sequence on CPU.
+        # One forward at a time: torch already uses every core for one sequence on CPU. Forwards and the
+        # acceptance rule run on the one torch thread (verifier_service.torch_thread: why).
         self._forward_lock = FairLock()
         self.prefill_chunk = int(prefill_chunk or 0)
         self.max_block = int(max_block)
         self.widths = tuple(sorted({int(w) for w in (widths or DEFAULT_WIDTHS)}))
         self.gemm_choice: fast_linear.GemmChoice | None = None
+        t_setup = time.perf_counter()
         self.decoder: static_decoder.StaticDecoder | None = None
         if decoder not in ("auto", "static", "transformers"):
             raise ValueError(f"decoder must be 'auto', 'static' or 'transformers', not {decoder!r}")
@@ -148,8 +150,11 @@ class Target:
 
             self.attention = use_rowwise_attention(model, bool(rowwise_attention))
         self._cost_table: dict[int, float] = {}
+        self.setup_s = time.perf_counter() - t_setup       # packing + GEMM measurement (+ merging weights)
+        t_warm = time.perf_counter()
         if warmup:
             self.warmup()
+        self.warmup_s = time.perf_counter() - t_warm
 
     def _setup_gemm(self, gemm: str) -> tuple[str, str]:
         """Installs the GEMM path; returns (mode in use, why)."""
@@ -202,6 +207,9 @@ class Target:
         return dict(table)
 
     def _new_cache(self):
+        return torch_thread.run(self._new_cache_now)
+
+    def _new_cache_now(self):
         if self.decoder is not None:
             return self.decoder.new_cache()
         from transformers import DynamicCache
@@ -210,6 +218,11 @@ class Target:
 
     @classmethod
     def load(cls, spec: str | None = "default", *, dtype: str = "float32", device: str = "cpu", **kw) -> "Target":
+        """Loads, packs and warms the target on the torch thread (``torch_thread``), whoever calls."""
+        return torch_thread.run(cls._load_now, spec, dtype, device, kw)
+
+    @classmethod
+    def _load_now(cls, spec, dtype, device, kw) -> "Target":
         from tandem.models import load_causal_lm
 
         model, tokenizer, loc = load_causal_lm(spec, dtype=dtype, device=device)
@@ -219,17 +232,22 @@ class Target:
     @torch.inference_mode()
     def _forward(self, session: TargetSession, input_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
         """Feeds input_ids after the cached tokens; returns logits [len(input_ids) or 1, V] (float32)."""
-        if self.decoder is not None:
-            with self._forward_lock:
-                return self.decoder.forward(session.cache, input_ids, last_only)                 # [n or 1, V]
-        ids = torch.tensor([list(input_ids)], dtype=torch.long, device=self.device)        # [1, n]
         with self._forward_lock:
-            out = self.model(input_ids=ids, cache=session.cache, use_cache=True,
-                             logits_to_keep=1 if last_only else 0)
+            return torch_thread.run(self._forward_now, session, input_ids, last_only)
+
+    @torch.inference_mode()
+    def _forward_now(self, session: TargetSession, input_ids: Sequence[int], last_only: bool) -> torch.Tensor:
+        if self.decoder is not None:
+            return self.decoder.forward(session.cache, input_ids, last_only)                     # [n or 1, V]
+        ids = torch.tensor([list(input_ids)], dtype=torch.long, device=self.device)        # [1, n]
+        out = self.model(input_ids=ids, cache=session.cache, use_cache=True, logits_to_keep=1 if last_only else 0)
         return out.logits[0].float()                                                     # [n, V]
 
     def _choose(self, session: TargetSession, logits: torch.Tensor, draft: Sequence[DraftToken]):
-        """Applies the acceptance rule to logits [k+1, V] for a block of k draft tokens."""
+        """Applies the acceptance rule to logits [k+1, V] for a block of k draft tokens (on the torch thread)."""
+        return torch_thread.run(self._choose_now, session, logits, draft)
+
+    def _choose_now(self, session: TargetSession, logits: torch.Tensor, draft: Sequence[DraftToken]):
         draft_ids = [t.token_id for t in draft]
         if session.sampling.greedy:
             return accept_greedy(logits, draft_ids)

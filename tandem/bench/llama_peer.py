@@ -92,7 +92,10 @@ class LlamaCppRunner:
         if M.LLAMA_PLAIN in modes:
             self.llms[M.LLAMA_PLAIN] = Llama(**kw)
         if M.LLAMA_LOOKUP in modes:
-            self.llms[M.LLAMA_LOOKUP] = Llama(**kw, draft_model=LlamaPromptLookupDecoding(
+            # logits_all=True said explicitly: with a draft model llama-cpp-python (0.3.x) keeps every row's
+            # logits but sizes its score buffer from the logits_all *argument* (n_batch rows when False),
+            # so a prompt longer than n_batch (512) failed with "could not broadcast ... into shape (0,)".
+            self.llms[M.LLAMA_LOOKUP] = Llama(**kw, logits_all=True, draft_model=LlamaPromptLookupDecoding(
                 num_pred_tokens=lookup_tokens, max_ngram_size=lookup_ngram))
         self.load_s = time.perf_counter() - t0
         any_llm = next(iter(self.llms.values()))

@@ -242,6 +242,38 @@ def test_probing_schedule_doubles_while_probes_lose_up_to_the_cap_and_resets_on_
     assert seen[:4] == [4, 12, 16, 24]                         # 4, then 8; win at 12: 4 again, then 8
 
 
+def test_cheap_probes_stay_frequent_and_their_worst_case_cost_stays_within_the_budget():
+    """With a nearly flat verify curve a refused probe costs ~5 % of a plain step, so the interval stops
+    at ceil(0.05 / probe_budget) instead of doubling to the cap: estimates stay fresh where acceptance is
+    bursty, and even a drafter that never pays costs at most ~probe_budget of plain throughput."""
+    cost = cost_model({0: 10.0, 1: 10.3, 2: 10.6}, draft_per_token=0.1, plain_oh=0.1, spec_oh=0.2)
+    policy = DraftLengthPolicy(cost, AcceptanceEstimator(default=0.001, prior_weight=50.0), probe_every=1,
+                               probe_cap=64, probe_budget=0.02)
+    spent = {"plain": 0.0, "probe": 0.0}
+    probes = []
+    for rnd in range(1, 400):
+        d = policy.next_k(8)
+        if d.reason == "probe":
+            probes.append(rnd)
+            policy.observe(RoundFigures(width=d.k, accepted=0, verify_ms=10.3, draft_ms=0.1, round_ms=10.6))
+            spent["probe"] += 10.6
+        else:
+            assert d.k == 0
+            policy.observe(plain_round())
+            spent["plain"] += 10.1
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert probes and max(gaps) <= 4                           # interval <= ceil(0.055 / 0.02) = 3 plain rounds
+    worst_loss = len(probes) * (10.6 - 10.1) / (spent["plain"] + spent["probe"])
+    assert worst_loss <= 0.02
+    # the same drafter against a steep curve (a refused probe costs 60 %) backs off to the cap
+    steep = losing_policy(probe_every=4, probe_cap=64, probe_budget=0.02)
+    for _ in range(400):
+        d = steep.next_k(8)
+        steep.observe(RoundFigures(width=1, accepted=0, verify_ms=15.0, draft_ms=1.0, round_ms=16.5)
+                      if d.reason == "probe" else plain_round())
+    assert steep.interval == 32                                # ceil(0.63 / 0.02) = 32 < probe_cap
+
+
 def test_pinned_k_is_honoured_and_figures_still_recorded():
     gateway = AcceptanceEstimator(alpha=0.02)
     policy = DraftLengthPolicy(cost_model({0: 10.0, 1: 30.0}), AcceptanceEstimator(prior=gateway), pinned=3)
@@ -370,7 +402,9 @@ def test_a_session_that_turns_predictable_gets_speculation_back():
         policy.observe(RoundFigures(width=k, accepted=n, verify_ms=verify, draft_ms=0.3 * k,
                                     round_ms=verify + 0.3 * k + (0.7 if k else 0.2)))
         ks.append(k)
-    assert ks[150:200].count(0) >= 45                          # plain while the drafter is useless
+    # plain while the drafter is useless; a refused probe costs ~13 % of a plain round here, so probes come
+    # at most every ceil(0.13 / probe_budget) = 7 plain rounds
+    assert ks[150:200].count(0) >= 42
     back = next(i for i in range(200, 600) if all(k > 0 for k in ks[i:i + 20]))
     assert back < 200 + 150                                    # speculating again within 150 rounds
     assert sum(ks[450:]) / 150 >= 4                            # with long blocks
