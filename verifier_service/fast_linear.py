@@ -223,12 +223,17 @@ def _clear(samples, width, candidates) -> bool:
 
 
 def choose_gemm(model: nn.Module, widths: Iterable[int] = range(1, 9), threads: int | None = None,
-                repeats: int = 5, candidates: Sequence[str] | None = None) -> GemmChoice:
+                repeats: int = 5, candidates: Sequence[str] | None = None, uniform: bool = True) -> GemmChoice:
     """Times each candidate kernel (default: MKL, and oneDNN when available) over all the model's linear
     layers at each width, interleaved (repeat -> width -> kernel, the kernel order rotating), and picks
-    per width the fastest by min over repeats, except that oneDNN keeps a width unless MKL is more than
-    3% faster (``PREFER_MARGIN``). Stops after 2 repeats when every width is decided by 30% or more.
-    ``threads``: torch threads during the measurement (restored after; None = current)."""
+    the fastest by min over repeats, oneDNN unless MKL is more than 3% faster (``PREFER_MARGIN``).
+    ``uniform`` (the default): one kernel for every width, the one with the least total time over the
+    widths -- a row's result then cannot depend on the block width, and a burst of load on the machine
+    during the measurement cannot leave a few widths on a kernel that is slow there (seen once: a
+    concurrent process made MKL win widths 3 and 5-7 on 2 cores, and width 5 then cost 53 ms instead
+    of 19 for the whole run). ``uniform=False``: the fastest per width. Stops after 2 repeats when
+    every width is decided by 30% or more. ``threads``: torch threads during the measurement (restored
+    after; None = current)."""
     widths = sorted({int(w) for w in widths})
     if not widths or widths[0] < 1:
         raise ValueError("widths must be positive integers")
@@ -268,13 +273,17 @@ def choose_gemm(model: nn.Module, widths: Iterable[int] = range(1, 9), threads: 
                 if rep >= 1 and len(candidates) > 1 and all(_clear(samples, w, candidates) for w in widths):
                     break                                           # every width decided by a wide margin
         table = {w: {k: min(samples[(w, k)]) for k in candidates} for w in widths}
-        choice = {}
-        for w in widths:
-            t = table[w]
+
+        def pick(t: Mapping[str, float]) -> str:
             if ONEDNN in t and MKL in t:
-                choice[w] = ONEDNN if t[ONEDNN] <= t[MKL] / PREFER_MARGIN else MKL
-            else:
-                choice[w] = min(t, key=t.get)
+                return ONEDNN if t[ONEDNN] <= t[MKL] / PREFER_MARGIN else MKL
+            return min(t, key=t.get)
+
+        if uniform:
+            kernel = pick({k: sum(table[w][k] for w in widths) for k in candidates})
+            choice = {w: kernel for w in widths}
+        else:
+            choice = {w: pick(table[w]) for w in widths}
         # Beyond the widths measured (prefill): oneDNN when it won the widest one measured.
         default = choice[widths[-1]]
         return GemmChoice(choice, table, torch.get_num_threads(), default, notes)

@@ -51,6 +51,10 @@ def unsupported_reason(model) -> str | None:
         return f"model type {getattr(config, 'model_type', None)!r} is not one of {SUPPORTED_TYPES}"
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return "sliding-window attention"
+    rope = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type in ("dynamic", "longrope"):
+        return f"rope type {rope_type!r} (its frequencies depend on the sequence length; the table here is static)"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"activation {config.hidden_act!r}"
     inner = getattr(model, "model", None)

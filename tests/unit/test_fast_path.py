@@ -215,6 +215,9 @@ def test_choose_gemm_table_and_kernels(fast):
     assert set(choice.table) == {1, 3} and all(set(t) == {"mkl", "onednn"} for t in choice.table.values())
     assert all(ms > 0 for t in choice.table.values() for ms in t.values())
     assert set(choice.choice.values()) <= {"mkl", "onednn"} and "w=1" in choice.describe()
+    assert choice.uniform                            # one kernel at every width: rows independent of the width
+    per_width = fast_linear.choose_gemm(fast.model, [1, 3], repeats=2, uniform=False)
+    assert set(per_width.choice) == {1, 3}
 
 
 def test_warmup_fills_the_cost_table(fast):
