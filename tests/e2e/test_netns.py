@@ -311,7 +311,8 @@ def test_auto_draft_length_grows_with_the_round_trip_to_the_drafter(hosts, reque
             tps = r["tokens"] / r["seconds"]
             tau = 1 + r["accepted"] / r["rounds"] if r["rounds"] else 1.0
             lines.append(f"[netns-auto]   {name:<16} {tps:7.1f} tok/s  {tps / plain_tps:4.2f}x plain  "
-                         f"{tps / best_tps:4.2f}x best fixed (k={best_k})  mean k {r['mean_k']:.2f}  "
+                         f"{tps / best_tps:4.2f}x best fixed (k={best_k})  mean k {r['mean_k']:.2f} "
+                         f"({r['mean_k_drafted']:.2f} when drafting)  "
                          f"plain rounds {r['k0_share'] * 100:3.0f}%  tau {tau:.2f}")
     print("\n" + "\n".join(lines))
     (tmp_path / "netns_auto.txt").write_text("\n".join(lines) + "\n")
