@@ -343,8 +343,11 @@ def _fake_llama_cpp(monkeypatch, output: list[int]):
     import types
 
     class Llama:
-        def __init__(self, model_path, n_threads, n_threads_batch, n_ctx, verbose, draft_model=None):
-            self.kw = dict(model_path=model_path, n_threads=n_threads, n_ctx=n_ctx, draft_model=draft_model)
+        def __init__(self, model_path, n_threads, n_threads_batch, n_ctx, verbose, draft_model=None, logits_all=False):
+            # the real one sizes its score buffer from the logits_all argument: a draft model needs it True
+            assert draft_model is None or logits_all, "a draft model needs logits_all=True (llama-cpp-python 0.3.x)"
+            self.kw = dict(model_path=model_path, n_threads=n_threads, n_ctx=n_ctx, draft_model=draft_model,
+                           logits_all=logits_all)
             self.resets = 0
 
         def token_eos(self):
