@@ -18,6 +18,8 @@ Pieces:
   * ``install(model, choice)`` / ``uninstall(model)``: swap every CPU fp32 ``nn.Linear`` in and out.
   * ``choose_gemm(model, widths, threads)``: times each candidate kernel over all the model's linear
     layers at each width, interleaved, and returns the per-width choice and the cost table.
+  * ``configure(model, gemm, widths)``: the whole set-up for a ``--gemm`` mode (what the verifier calls,
+    for transformers' modules and for the static decoder's alike).
 """
 
 from __future__ import annotations
@@ -290,3 +292,29 @@ def choose_gemm(model: nn.Module, widths: Iterable[int] = range(1, 9), threads: 
     finally:
         torch.set_num_threads(before)
 
+
+
+def configure(model: nn.Module, gemm: str, widths: Iterable[int]) -> tuple[str, str, GemmChoice | None]:
+    """Installs the GEMM path ``gemm`` ("auto", "onednn" or "mkl") on every CPU fp32 linear layer of
+    ``model``; returns (the kernel in use: "onednn", "mkl", or "auto" for a per-width mix; why; the
+    measurement, or None). "auto" measures with ``choose_gemm`` and installs its choice; MKL at every width
+    means plain ``nn.Linear`` modules (no packed copies)."""
+    if gemm not in GEMM_MODES:
+        raise ValueError(f"gemm must be one of {GEMM_MODES}, not {gemm!r}")
+    if gemm == MKL:
+        uninstall(model)
+        return MKL, "asked for", None
+    if not onednn_available():
+        log.warning("oneDNN linears unavailable in this torch build: using MKL (F.linear)")
+        uninstall(model)
+        return MKL, "oneDNN unavailable", None
+    install(model, {}, ONEDNN)
+    if gemm == ONEDNN:
+        return ONEDNN, "asked for", None
+    choice = choose_gemm(model, widths)
+    install(model, choice.choice, choice.default)
+    log.info("%s", choice.describe())
+    if all(k == MKL for k in list(choice.choice.values()) + [choice.default]):
+        uninstall(model)
+        return MKL, "measured: MKL faster", choice
+    return ("auto" if not choice.uniform else choice.default), "measured", choice

@@ -1,9 +1,9 @@
 """The target's forward without transformers' per-call machinery: a Llama-family decoder over the model's
 own weights, a static KV cache indexed by position, and rows of a verify block computed as plain steps.
 
-Why (issue 14): on a 2-core CPU a width-1 step of SmolLM2-135M through transformers' modules spends
-~9 ms beyond its GEMMs (module calls, mask and cache bookkeeping, 7 linears per layer); this forward
-runs the same math in ~25 tensor ops per layer:
+Why (issue 14): on the 2-core AMD EPYC, 1 thread, a width-1 step of SmolLM2-135M through transformers'
+modules (with the oneDNN GEMMs) took 25.7 ms, its GEMMs alone 17.7 (module calls, mask and cache
+bookkeeping, 7 linears per layer); this forward runs the same math in fewer ops (21.1 ms):
 
   x = embed(ids)                                     [n, hidden]
   per layer:
@@ -191,25 +191,10 @@ class StaticDecoder:
         with torch.no_grad():
             self.linears = _Linears([_Layer(layer) for layer in inner.layers], model.get_output_embeddings())
         self.layers = list(self.linears.layers)
-        self.gemm, self.gemm_choice = self._install_gemm(gemm, widths)
+        self.gemm, self.gemm_note, self.gemm_choice = fast_linear.configure(self.linears, gemm, widths)
         self._positions(min(self.max_length, 4096))
 
     # ---- set-up ------------------------------------------------------------------------------
-    def _install_gemm(self, gemm: str, widths: Iterable[int]):
-        if gemm not in fast_linear.GEMM_MODES:
-            raise ValueError(f"gemm must be one of {fast_linear.GEMM_MODES}, not {gemm!r}")
-        if gemm == fast_linear.MKL or not fast_linear.onednn_available():
-            fast_linear.install(self.linears, {}, fast_linear.MKL)
-            return fast_linear.MKL, None
-        fast_linear.install(self.linears, {}, fast_linear.ONEDNN)
-        if gemm == fast_linear.ONEDNN:
-            return fast_linear.ONEDNN, None
-        choice = fast_linear.choose_gemm(self.linears, widths)
-        fast_linear.install(self.linears, choice.choice, choice.default)
-        if all(k == fast_linear.MKL for k in list(choice.choice.values()) + [choice.default]):
-            return fast_linear.MKL, choice
-        return ("auto" if not choice.uniform else choice.default), choice
-
     @property
     def rows_independent(self) -> bool:
         """True when a row's logits cannot depend on the block width (one GEMM kernel at every width, exact rows)."""

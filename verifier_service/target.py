@@ -15,8 +15,8 @@ move the length back), q/k/v and gate/up as one GEMM each, the GEMM kernel chose
 measurement at start-up (``verifier_service.fast_linear``: oneDNN on pre-packed weights, or MKL), and
 verify-block rows attending row by row, so each row of a verify block is bit-identical to a plain step.
 Other models on CPU fp32 keep transformers' forward with the same GEMMs and row-wise attention
-(``verifier_service.forward``); ``gemm="mkl"`` (without ``decoder="static"``) is plain transformers. Prefill runs in chunks of ``prefill_chunk`` tokens, releasing
-the forward lock (a FIFO lock) between chunks, and stops at the next chunk once ``cancelled()``.
+(``verifier_service.forward``); ``gemm="mkl"`` (without ``decoder="static"``) is plain transformers.
+Prefill runs in chunks of ``prefill_chunk`` tokens, releasing the forward lock (a FIFO lock) between chunks, and stops at the next chunk once ``cancelled()``.
 """
 
 from __future__ import annotations
@@ -135,8 +135,8 @@ class Target:
         if decoder == "static" or (decoder == "auto" and not why_not and gemm != fast_linear.MKL):
             self.decoder = static_decoder.StaticDecoder(model, gemm=gemm, widths=self.widths,
                                                         exact_rows=rowwise_attention is not False)
-            self.gemm, self.gemm_choice = self.decoder.gemm, self.decoder.gemm_choice
-            self.gemm_note = "measured" if self.gemm_choice is not None else "asked for"
+            d = self.decoder
+            self.gemm, self.gemm_note, self.gemm_choice = d.gemm, d.gemm_note, d.gemm_choice
             self.attention = "static, rows exact" if self.decoder.exact_rows else "static, rows batched"
             log.info("%s", self.decoder.describe())
         else:
@@ -157,28 +157,14 @@ class Target:
         self.warmup_s = time.perf_counter() - t_warm
 
     def _setup_gemm(self, gemm: str) -> tuple[str, str]:
-        """Installs the GEMM path; returns (mode in use, why)."""
+        """Installs the GEMM path on transformers' modules; returns (mode in use, why)."""
         if gemm not in fast_linear.GEMM_MODES:
             raise ValueError(f"gemm must be one of {fast_linear.GEMM_MODES}, not {gemm!r}")
-        if gemm == fast_linear.MKL:
-            fast_linear.uninstall(self.model)
-            return fast_linear.MKL, "asked for"
         weight = self.model.get_output_embeddings().weight
-        if self.device.type != "cpu" or weight.dtype != torch.float32:
+        if gemm != fast_linear.MKL and (self.device.type != "cpu" or weight.dtype != torch.float32):
             return fast_linear.MKL, f"the fast path is for CPU fp32 ({self.device.type}, {weight.dtype})"
-        if not fast_linear.onednn_available():
-            log.warning("oneDNN linears unavailable in this torch build: using MKL (F.linear)")
-            return fast_linear.MKL, "oneDNN unavailable"
-        fast_linear.install(self.model, {}, fast_linear.ONEDNN)
-        if gemm == fast_linear.ONEDNN:
-            return fast_linear.ONEDNN, "asked for"
-        self.gemm_choice = choice = fast_linear.choose_gemm(self.model, self.widths)
-        fast_linear.install(self.model, choice.choice, choice.default)
-        log.info("%s", choice.describe())
-        if all(k == fast_linear.MKL for k in list(choice.choice.values()) + [choice.default]):
-            fast_linear.uninstall(self.model)
-            return fast_linear.MKL, "measured: MKL faster"
-        return "auto", "measured"
+        mode, note, self.gemm_choice = fast_linear.configure(self.model, gemm, self.widths)
+        return mode, note
 
     def cost_table(self) -> dict[int, float]:
         """{block width: ms of one target forward} (median, measured by ``warmup`` at start-up; {} if not run)."""
@@ -229,7 +215,6 @@ class Target:
         return cls(model, tokenizer, loc.name, **kw)
 
     # ---- the model call ------------------------------------------------------------------------
-    @torch.inference_mode()
     def _forward(self, session: TargetSession, input_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
         """Feeds input_ids after the cached tokens; returns logits [len(input_ids) or 1, V] (float32)."""
         with self._forward_lock:

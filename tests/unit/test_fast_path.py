@@ -193,7 +193,9 @@ def test_auto_measures_and_installs_its_choice(tiny_target_dir):
     target = Target.load(str(tiny_target_dir), widths=(1, 2), warmup=False)
     assert target.gemm_choice is not None and set(target.gemm_choice.table) == {1, 2}
     assert target.decoder is not None and target.gemm_choice is target.decoder.gemm_choice
-    kernels = {m.kernel_for(r) for m in target.decoder.linears.modules() if isinstance(m, fast_linear.FastLinear)
+    # the kernel each linear runs at each row count (MKL everywhere leaves plain nn.Linear modules)
+    kernels = {m.kernel_for(r) if isinstance(m, fast_linear.FastLinear) else fast_linear.MKL
+               for m in target.decoder.linears.modules() if isinstance(m, (torch.nn.Linear, fast_linear.FastLinear))
                for r in (1, 2)}
     assert kernels == {target.gemm_choice.choice[1], target.gemm_choice.choice[2]}
     assert greedy_plain(target, [1, 5, 9], 5, "a")
