@@ -25,7 +25,11 @@ Pieces (all plain Python, no grpc/torch/numpy):
   accepted), decayed (EWMA), censored correctly (a position after the first rejection is not
   observed). A session's estimator starts from a gateway-wide one (pseudo-observations that fade as
   the session's own rounds arrive), so its first rounds are sane. Tokens copied by prompt lookup have
-  their own, separately learned acceptance.
+  their own, separately learned acceptance, and the estimator learns the *lookup yield*: the share of
+  the lookup tokens the gateway predicted (it runs the drafter's default lookup rule over the sequence
+  it holds) that the drafter really sent as lookup copies. A drafter served with lookup off, other
+  n-grams or lookup checks yields fewer (with lookup off: none), and a predicted match must not make
+  a long block of the drafter's own, maybe useless, tokens look nearly free.
 - ``choose_k``: evaluates every candidate and returns a ``Decision`` with the whole table.
 - ``DraftLengthPolicy`` (one per request): ``next_k(k_max)`` before a round, ``observe(figures)``
   after it. When k = 0 wins it keeps probing: a short block every N plain rounds, N doubling while
@@ -45,6 +49,7 @@ target's argmax chain, so the output is token-for-token that of plain decoding.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +77,7 @@ class RoundFigures:
     from_lookup: tuple[bool, ...] = ()  # per proposed token: copied by prompt lookup; () = none were
     drafter_called: bool | None = None  # a Propose call happened (None: width > 0)
     propose_wall_ms: float | None = None  # wall time of the Propose call at the gateway, if timed
+    lookup_predicted: int = 0           # lookup tokens the gateway predicted at the block's head (its choice of k)
 
     def __post_init__(self):
         if self.from_lookup and len(self.from_lookup) != self.width:
@@ -96,13 +102,14 @@ class RoundFigures:
 
     @classmethod
     def from_outcome(cls, proposal, outcome, round_ms: float, propose_wall_ms: float | None = None,
-                     drafter_called: bool | None = None) -> "RoundFigures":
+                     drafter_called: bool | None = None, lookup_predicted: int = 0) -> "RoundFigures":
         """From a ``tandem.types.Proposal`` and ``VerifyOutcome`` (duck-typed)."""
         tokens = tuple(proposal.tokens)
         return cls(width=len(tokens), accepted=int(outcome.accepted), verify_ms=float(outcome.compute_ms),
                    round_ms=float(round_ms), draft_ms=float(proposal.compute_ms),
                    from_lookup=tuple(bool(getattr(t, "from_lookup", False)) for t in tokens),
-                   drafter_called=drafter_called, propose_wall_ms=propose_wall_ms)
+                   drafter_called=drafter_called, propose_wall_ms=propose_wall_ms,
+                   lookup_predicted=int(lookup_predicted))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -311,8 +318,8 @@ class _Slot:
     n: float = 0.0
     t: int = 0              # raw observations
 
-    def add(self, accepted: bool, decay: float) -> None:
-        self.s = decay * self.s + float(accepted)
+    def add(self, accepted: bool | float, decay: float) -> None:
+        self.s = decay * self.s + float(accepted)      # a bool, or a fraction in [0, 1] (the lookup yield)
         self.n = decay * self.n + 1.0
         self.pw *= decay
         self.t += 1
@@ -351,6 +358,7 @@ class AcceptanceEstimator:
         self.default, self.default_lookup, self.share = float(default), float(default_lookup), share
         self._model: list[_Slot] = []   # per model position
         self._lookup = _Slot(self.prior_weight)
+        self._yield = _Slot(self.prior_weight)   # share of predicted lookup tokens that arrived as lookup copies
 
     # ---- learning ---------------------------------------------------------------------------------
     def _slot(self, i: int) -> "_Slot":
@@ -368,7 +376,7 @@ class AcceptanceEstimator:
         """Moves a fraction ``beta`` of the session's own evidence back to the prior: called on rounds
         that observe nothing (plain rounds), so estimates that went stale while speculation was off
         drift back toward the gateway-wide figures instead of freezing at their last, unlucky value."""
-        for slot in (*self._model, self._lookup):
+        for slot in (*self._model, self._lookup, self._yield):
             slot.relax(beta)
 
     def observe_block(self, from_lookup: Sequence[bool], accepted: int) -> None:
@@ -386,9 +394,25 @@ class AcceptanceEstimator:
         if self.share and self.prior is not None:
             self.prior.observe_block(from_lookup, accepted)
 
+    def observe_lookup_yield(self, predicted: int, from_lookup: Sequence[bool]) -> None:
+        """A block drafted after the gateway predicted ``predicted`` (> 0) lookup tokens at its head:
+        learns the share that came as lookup copies (the leading ``from_lookup`` flags)."""
+        if predicted <= 0:
+            return
+        arrived = 0
+        for flag in list(from_lookup)[:predicted]:
+            if not flag:
+                break
+            arrived += 1
+        self._yield.add(arrived / predicted, 1.0 - self.alpha)
+        if self.share and self.prior is not None:
+            self.prior.observe_lookup_yield(predicted, from_lookup)
+
     def observe(self, fig: RoundFigures) -> None:
         if fig.width:
             self.observe_block(fig.from_lookup or (False,) * fig.width, fig.accepted)
+            if fig.lookup_predicted:
+                self.observe_lookup_yield(min(fig.lookup_predicted, fig.width), fig.from_lookup)
 
     # ---- reading ----------------------------------------------------------------------------------
     def _own(self, i: int) -> "_Slot":
@@ -425,6 +449,12 @@ class AcceptanceEstimator:
         prior = self.prior.lookup_acceptance() if self.prior is not None else self.default_lookup
         return min(_A_MAX, max(_A_MIN, self._lookup.estimate(prior)))
 
+    def lookup_yield(self) -> float:
+        """The share of predicted lookup tokens the drafter sends as lookup copies (1 until observed:
+        the gateway predicts with the drafter's default rule)."""
+        prior = self.prior.lookup_yield() if self.prior is not None else 1.0
+        return min(1.0, max(0.0, self._yield.estimate(prior)))
+
     def acceptances(self, k: int, lookup_tokens: int = 0) -> list[float]:
         """a_1..a_k of a block whose first ``lookup_tokens`` tokens are copied by lookup."""
         lookup = min(max(0, lookup_tokens), k)
@@ -433,6 +463,7 @@ class AcceptanceEstimator:
     def table(self, positions: int = 8) -> dict[str, float]:
         out = {f"a{i + 1}": round(a, 4) for i, a in enumerate(self.model_acceptances(positions))}
         out["a_lookup"] = round(self.lookup_acceptance(), 4)
+        out["lookup_yield"] = round(self.lookup_yield(), 4)
         return out
 
 
@@ -475,11 +506,17 @@ def _candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[i
     lookup = max(0, int(lookup_available))
     model = acceptance.model_acceptances(max(ks, default=0))
     a_lookup = acceptance.lookup_acceptance()
+    # the predicted lookup tokens arrive with the learned yield y; otherwise the drafter drafts the block itself
+    y = acceptance.lookup_yield() if lookup else 0.0
     out = []
     for k in ks:
         n_lookup = min(lookup, k)
-        tokens = expected_tokens([a_lookup] * n_lookup + model[:k - n_lookup])
-        ms = max(1e-9, cost.expected_ms(k, n_lookup))
+        tokens = expected_tokens(model[:k])
+        ms = cost.expected_ms(k)
+        if n_lookup and y > 0:
+            tokens = y * expected_tokens([a_lookup] * n_lookup + model[:k - n_lookup]) + (1 - y) * tokens
+            ms = y * cost.expected_ms(k, n_lookup) + (1 - y) * ms
+        ms = max(1e-9, ms)
         out.append(Candidate(k, tokens, ms, tokens / ms))
     return tuple(out)
 
@@ -545,6 +582,7 @@ class DraftLengthPolicy:
     _probe_cap_now: int = field(init=False, default=0)    # the interval's cost bound for the probe in flight
     _probe_tokens: float = field(init=False, default=0.0)
     _probe_ms: float = field(init=False, default=0.0)
+    lookup_predicted: int = field(init=False, default=0)  # the last next_k's lookup_available
 
     def __post_init__(self):
         self.interval = self.probe_every
@@ -552,6 +590,7 @@ class DraftLengthPolicy:
     def next_k(self, k_max: int, lookup_available: int = 0) -> Decision:
         k_max = max(0, int(k_max))
         self._probe_plain_rate = None
+        self.lookup_predicted = max(0, int(lookup_available))
         if self.pinned is not None:
             k = min(self.pinned, k_max)
             c, = _candidates(self.cost, self.acceptance, (k,), lookup_available)
@@ -582,6 +621,8 @@ class DraftLengthPolicy:
         return d
 
     def observe(self, fig: RoundFigures) -> None:
+        if fig.width and not fig.lookup_predicted and self.lookup_predicted:
+            fig = dataclasses.replace(fig, lookup_predicted=self.lookup_predicted)
         self.cost.observe(fig)
         self.acceptance.observe(fig)
         if fig.width == 0 and self.relax:

@@ -307,9 +307,13 @@ class Truth:
         return expected_tokens([self.acceptance(i) for i in range(k)]) / self.ms(k)
 
 
-def simulate(truth: Truth, sessions=12, tokens=300, seed=1234, noise=0.05, k_max=8, policy_kw=None):
+def simulate(truth: Truth, sessions=12, tokens=300, seed=1234, noise=0.05, k_max=8, policy_kw=None,
+             lookup_every: int = 0, lookup_tokens: int = 4, lookup_sent: bool = True, lookup_acceptance: float = 0.9):
     """Realized tokens/ms of auto over several sessions sharing one cost model and gateway-wide prior.
-    The cost model is seeded from the verifier's profile (widths 0..4), as GetInfo would."""
+    The cost model is seeded from the verifier's profile (widths 0..4), as GetInfo would.
+    ``lookup_every`` N > 0: every N-th round the gateway's lookup predicts ``lookup_tokens`` copies at the
+    block's head; the drafter sends them (``lookup_sent``; accepted with ``lookup_acceptance``, nearly free)
+    or drafts the block with its model as usual (a drafter served with lookup off)."""
     rng = random.Random(seed)
     cost = CostModel()
     cost.seed({w: truth.verify(w) for w in range(5)})
@@ -319,19 +323,24 @@ def simulate(truth: Truth, sessions=12, tokens=300, seed=1234, noise=0.05, k_max
     for _ in range(sessions):
         policy = DraftLengthPolicy(cost, AcceptanceEstimator(prior=gateway), **(policy_kw or {}))
         remaining = tokens
+        rounds = 0
         while remaining > 0:
-            k = policy.next_k(min(k_max, remaining - 1)).k
+            rounds += 1
+            predicted = lookup_tokens if lookup_every and rounds % lookup_every == 0 else 0
+            k = policy.next_k(min(k_max, remaining - 1), predicted).k
+            flags = tuple(i < predicted and lookup_sent for i in range(k))
             n = 0
-            while n < k and rng.random() < truth.acceptance(n):
+            while n < k and rng.random() < (lookup_acceptance if flags[n] else truth.acceptance(n)):
                 n += 1
 
             def jitter(x):
                 return x * max(0.0, 1.0 + rng.gauss(0.0, noise))
 
             verify = jitter(truth.verify(k))
-            draft = jitter(truth.draft_ms * k) if k else 0.0
+            draft = jitter(truth.draft_ms * (k - sum(flags)) + 0.01 * sum(flags)) if k else 0.0
             round_ms = verify + draft + jitter(truth.plain_oh + (truth.rtt if k else 0.0))
-            policy.observe(RoundFigures(width=k, accepted=n, verify_ms=verify, draft_ms=draft, round_ms=round_ms))
+            policy.observe(RoundFigures(width=k, accepted=n, verify_ms=verify, draft_ms=draft, round_ms=round_ms,
+                                        from_lookup=flags if any(flags) else ()))
             emitted = min(n + 1, remaining)
             remaining -= emitted
             total_tokens += emitted
@@ -340,9 +349,9 @@ def simulate(truth: Truth, sessions=12, tokens=300, seed=1234, noise=0.05, k_max
     return total_tokens / total_ms, ks
 
 
-def fixed(truth: Truth, k_max=8) -> dict[int, float]:
+def fixed(truth: Truth, k_max=8, **kw) -> dict[int, float]:
     """Realized tokens/ms of every fixed k under the same simulation (same seed): the hindsight baseline."""
-    return {k: simulate(truth, policy_kw={"pinned": k})[0] for k in range(k_max + 1)}
+    return {k: simulate(truth, policy_kw={"pinned": k}, **kw)[0] for k in range(k_max + 1)}
 
 
 def test_simulated_amd_like_steep_verify_stays_plain():
@@ -372,6 +381,46 @@ def test_simulated_useless_drafter_is_switched_off():
     auto, ks = simulate(truth)
     assert auto >= 0.95 * baseline[0]
     assert ks.count(0) > 0.9 * len(ks)
+
+
+def test_predicted_lookup_that_never_arrives_does_not_keep_a_useless_drafter_on():
+    """The gateway predicts lookup copies with the drafter's default rule; a drafter served with lookup off
+    (``--lookup-ngram 0``) drafts those positions with its model instead. Measured on the AMD EPYC before the
+    lookup yield was learned: auto drafted k = 5..8 in a third of the rounds and ran at 0.80x of plain
+    decoding with a random-weight drafter. The yield falls to ~0 and auto stays plain."""
+    truth = Truth(lambda w: 20.0 * (1 + 0.04 * w), 0.5, 1.5, 0.5, lambda i: 0.0)
+    kw = dict(lookup_every=2, lookup_tokens=6, lookup_sent=False)
+    baseline = fixed(truth, k_max=4, **kw)
+    assert baseline[4] < 0.85 * baseline[0]
+    auto, ks = simulate(truth, **kw)
+    assert auto >= 0.95 * baseline[0]
+    assert ks.count(0) > 0.7 * len(ks)                        # the rest: cheap probes (verify is nearly flat)
+    assert sum(k >= 4 for k in ks) < 0.01 * len(ks)           # no long blocks of useless model tokens
+
+
+def test_predicted_lookup_that_arrives_is_drafted_even_with_a_useless_model():
+    """The control: the same predictions, the drafter sending the copies (accepted 90 %): auto drafts them."""
+    truth = Truth(lambda w: 20.0 * (1 + 0.04 * w), 0.5, 1.5, 0.5, lambda i: 0.0)
+    kw = dict(lookup_every=2, lookup_tokens=6, lookup_sent=True)
+    auto, ks = simulate(truth, **kw)
+    plain = fixed(truth, k_max=0, **kw)[0]
+    assert auto > 1.3 * plain
+    assert sum(k >= 4 for k in ks) > 0.2 * len(ks)
+
+
+def test_lookup_yield_is_learned_and_shared():
+    gateway = AcceptanceEstimator(alpha=0.02)
+    session = AcceptanceEstimator(alpha=0.1, prior=gateway)
+    assert session.lookup_yield() == 1.0                      # until observed: the drafter's default rule
+    for _ in range(30):
+        session.observe(RoundFigures(width=4, accepted=0, verify_ms=1, round_ms=1, lookup_predicted=3))
+    assert session.lookup_yield() < 0.05
+    assert gateway.lookup_yield() < 0.5                       # the gateway-wide figure follows, slowly
+    half = AcceptanceEstimator(alpha=0.1, prior_weight=0.0)
+    for _ in range(30):
+        half.observe(RoundFigures(width=4, accepted=4, verify_ms=1, round_ms=1, from_lookup=(True, True, False, False),
+                                  lookup_predicted=4))
+    assert half.lookup_yield() == pytest.approx(0.5)          # 2 of the 4 predicted came as copies
 
 
 def test_simulated_slow_link_keeps_speculating_with_longer_blocks():
