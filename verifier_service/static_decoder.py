@@ -31,14 +31,18 @@ Anything else keeps transformers' forward (``Target`` falls back).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from verifier_service import fast_linear
+from verifier_service import fast_linear, gguf_linear
 
+GGUF = "gguf"                 # --gemm: GEMMs on the GGUF file's blocks as stored (verifier_service.gguf_linear)
+CHOICE_WIDTHS = (1, 2, 3, 4, 5)   # 'auto' compares the GGUF kernel over these widths: a plain step and k <= 4,
+                                  # ~90 % of auto's rounds in the Spec-Bench runs of BENCHMARKS.md
 ROW_BY_ROW_MAX = 32           # blocks up to this many rows attend row by row (exact rows)
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 CACHE_STEP = 256              # the cache grows in steps of this many positions (at least doubling)
@@ -144,10 +148,21 @@ def _merged_linear(linears: Sequence[nn.Linear]) -> nn.Linear:
     return merged
 
 
+def _splits(rows: Sequence[int]) -> list[tuple[int, int]]:
+    """Row ranges of the parts of a merged weight: (3, 2) -> [(0, 3), (3, 5)]."""
+    out, start = [], 0
+    for r in rows:
+        out.append((start, start + r))
+        start += r
+    return out
+
+
 class _Layer(nn.Module):
     def __init__(self, layer):
         super().__init__()
         a, m = layer.self_attn, layer.mlp
+        self.qkv_rows = (a.q_proj.weight.shape[0], a.k_proj.weight.shape[0], a.v_proj.weight.shape[0])
+        self.gate_up_rows = (m.gate_proj.weight.shape[0], m.up_proj.weight.shape[0])
         self.qkv = _merged_linear([a.q_proj, a.k_proj, a.v_proj])
         self.o = a.o_proj
         self.gate_up = _merged_linear([m.gate_proj, m.up_proj])
@@ -170,7 +185,10 @@ class _Linears(nn.Module):
 class StaticDecoder:
     """The forward of a Llama-family ``model`` (see the module docstring); build with ``StaticDecoder(model)``."""
 
-    def __init__(self, model, *, gemm: str = "auto", widths: Iterable[int] = range(1, 10), exact_rows: bool = True):
+    def __init__(self, model, *, gemm: str = "auto", widths: Iterable[int] = range(1, 10), exact_rows: bool = True,
+                 gguf_path: str | None = None):
+        """``gemm``: "auto" (measure; with ``gguf_path``, the GGUF kernel competes too), "gguf", "onednn" or
+        "mkl". ``gguf_path``: the file the model was loaded from, whose blocks the "gguf" kernel reads."""
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(f"the static decoder cannot run this model: {reason}")
@@ -191,8 +209,98 @@ class StaticDecoder:
         with torch.no_grad():
             self.linears = _Linears([_Layer(layer) for layer in inner.layers], model.get_output_embeddings())
         self.layers = list(self.linears.layers)
-        self.gemm, self.gemm_note, self.gemm_choice = fast_linear.configure(self.linears, gemm, widths)
+        self.gguf_bytes = 0
+        packs, why_not = self._gguf_packs(gguf_path) if gemm in ("auto", GGUF) else (None, "")
+        if gemm == GGUF:
+            if packs is None:
+                raise ValueError(f"--gemm gguf cannot run here: {why_not}")
+            self._install_gguf(packs)
+            self.gemm, self.gemm_note, self.gemm_choice = GGUF, "asked for", None
+        else:
+            self.gemm, self.gemm_note, self.gemm_choice = fast_linear.configure(self.linears, gemm, widths)
+            if packs is not None:
+                self._choose_gguf(packs)
+            elif gemm == "auto" and gguf_path:
+                self.gemm_note += f"; GGUF kernel not used: {why_not}"
         self._positions(min(self.max_length, 4096))
+
+    # ---- the GGUF kernel ---------------------------------------------------------------------------
+    def _modules(self) -> list[tuple[object, str]]:
+        """(owner, attribute) of every linear: per layer qkv, o, gate_up, down, then the head."""
+        return [(layer, a) for layer in self.layers for a in ("qkv", "o", "gate_up", "down")] + [(self.linears, "head")]
+
+    def _gguf_packs(self, path) -> tuple[list | None, str]:
+        """Every linear's weight as the file's blocks (same order as ``_modules``), or (None, why)."""
+        if not path:
+            return None, "the target was not loaded from a GGUF file"
+        if gguf_linear.library() is None:
+            return None, gguf_linear.unavailable_reason()
+        try:
+            weights = gguf_linear.GgufWeights(path)
+        except Exception as e:  # noqa: BLE001 - an unreadable file only means: not this kernel
+            return None, f"cannot read {path}: {e}"
+        packs = []
+        names = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate", "up": "ffn_up",
+                 "down": "ffn_down"}
+        for i, layer in enumerate(self.layers):
+            def one(part: str, weight: torch.Tensor):
+                packed, why = weights.rows_for(weight, f"blk.{i}.{names[part]}.weight")
+                if packed is None:
+                    raise LookupError(why)
+                return packed
+            q, k, v = (layer.qkv.weight[a:b] for a, b in _splits(layer.qkv_rows))
+            gate, up = (layer.gate_up.weight[a:b] for a, b in _splits(layer.gate_up_rows))
+            try:
+                packs += [gguf_linear.Packed.cat([one("q", q), one("k", k), one("v", v)]), one("o", layer.o.weight),
+                          gguf_linear.Packed.cat([one("gate", gate), one("up", up)]), one("down", layer.down.weight)]
+            except LookupError as e:
+                return None, str(e)
+        head = self.linears.head.weight
+        packed, why = weights.rows_for(head, "output.weight")
+        if packed is None:
+            packed, why2 = weights.rows_for(head, "token_embd.weight")      # tied embeddings
+            if packed is None:
+                return None, f"{why}; {why2}"
+        packs.append(packed)
+        return packs, ""        # biases (qwen2's q/k/v) stay fp32: GgufLinear adds them
+
+    def _install_gguf(self, packs) -> None:
+        for (owner, attr), packed in zip(self._modules(), packs):
+            old = getattr(owner, attr)
+            setattr(owner, attr, gguf_linear.GgufLinear(packed, getattr(old, "bias", None)))
+        self.gguf_bytes = sum(p.nbytes for p in packs)
+
+    def _time_linears(self, widths: Sequence[int], repeats: int = 3) -> dict[int, float]:
+        """Median ms of all linears at each width (random inputs)."""
+        gen = torch.Generator().manual_seed(0)
+        inputs = {w: {m.in_features: torch.randn(w, m.in_features, generator=gen)
+                      for m in (getattr(o, a) for o, a in self._modules())} for w in widths}
+        samples: dict[int, list[float]] = {w: [] for w in widths}
+        with torch.inference_mode():
+            for _ in range(repeats):
+                for w in widths:
+                    t0 = time.perf_counter()
+                    for owner, attr in self._modules():
+                        module = getattr(owner, attr)
+                        module(inputs[w][module.in_features])
+                    samples[w].append((time.perf_counter() - t0) * 1e3)
+        return {w: sorted(v)[len(v) // 2] for w, v in samples.items()}
+
+    def _choose_gguf(self, packs) -> None:
+        """'auto': keeps the GGUF kernel when its total over ``CHOICE_WIDTHS`` beats the measured fp32 choice."""
+        fp32 = self._time_linears(CHOICE_WIDTHS)
+        previous = [getattr(o, a) for o, a in self._modules()]
+        self._install_gguf(packs)
+        quant = self._time_linears(CHOICE_WIDTHS)
+        table = ", ".join(f"w{w} {quant[w]:.1f}/{fp32[w]:.1f}" for w in CHOICE_WIDTHS)
+        if sum(quant.values()) < sum(fp32.values()):
+            self.gemm, self.gemm_choice = GGUF, None
+            self.gemm_note = (f"measured: GGUF blocks {self.gguf_bytes / 1e6:.0f} MB, ms gguf/{'fp32'} {table}")
+            return
+        for (owner, attr), module in zip(self._modules(), previous):
+            setattr(owner, attr, module)
+        self.gguf_bytes = 0
+        self.gemm_note += f"; GGUF kernel slower (ms gguf/fp32 {table})"
 
     # ---- set-up ------------------------------------------------------------------------------
     @property
@@ -202,6 +310,8 @@ class StaticDecoder:
 
     def describe(self) -> str:
         kernels = self.gemm if self.gemm_choice is None else self.gemm_choice.describe()
+        if self.gemm == GGUF:
+            kernels = f"on the GGUF blocks ({self.gguf_bytes / 1e6:.0f} MB)"
         return (f"static decoder: {len(self.layers)} layers, GEMMs {kernels}; "
                 f"rows {'exact (row-wise attention)' if self.exact_rows else 'batched'}")
 

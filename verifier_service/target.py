@@ -95,7 +95,7 @@ class Target:
     def __init__(self, model, tokenizer, name: str, *, session_ttl_s: float = 600.0, max_sessions: int = 256,
                  gemm: str = "auto", widths: Iterable[int] | None = None, warmup: bool = True,
                  prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, rowwise_attention: bool | None = None,
-                 max_block: int = 32, decoder: str = "auto"):
+                 max_block: int = 32, decoder: str = "auto", gguf_path: str | None = None):
         """``gemm``: "auto" (measure MKL and oneDNN per width at start-up, keep the faster), "onednn", or
         "mkl" (plain transformers). ``widths``: the block widths to measure and warm (default 1..9).
         ``warmup``: run and time forwards at each width now (fills ``cost_table()``). ``prefill_chunk``:
@@ -103,7 +103,9 @@ class Target:
         attend row by row like plain steps (default: on when every width uses oneDNN). ``max_block``: the
         longest draft block any session may send (a session may set a shorter one at start). ``decoder``:
         "static" (``static_decoder``; an error if the model is not Llama-shaped CPU fp32), "transformers"
-        (the model's own forward), or "auto" (static where it can run and ``gemm`` is not "mkl")."""
+        (the model's own forward), or "auto" (static where it can run and ``gemm`` is not "mkl").
+        ``gguf_path``: the GGUF file the model was loaded from (``load`` passes it): with the static decoder,
+        ``gemm`` "gguf" (or "auto", when it measures faster) reads its blocks instead of fp32 weights."""
         self.model = model
         self.tokenizer = tokenizer
         self.device = model_device(model)
@@ -132,9 +134,12 @@ class Target:
         why_not = static_decoder.unsupported_reason(model)
         if decoder == "static" and why_not:
             raise ValueError(f"decoder='static' cannot run {name}: {why_not}; use decoder='transformers'")
+        if gemm == static_decoder.GGUF and (decoder == "transformers" or why_not):
+            raise ValueError(f"gemm='gguf' runs in the static decoder only ({why_not or 'decoder=transformers'})")
         if decoder == "static" or (decoder == "auto" and not why_not and gemm != fast_linear.MKL):
             self.decoder = static_decoder.StaticDecoder(model, gemm=gemm, widths=self.widths,
-                                                        exact_rows=rowwise_attention is not False)
+                                                        exact_rows=rowwise_attention is not False,
+                                                        gguf_path=gguf_path)
             d = self.decoder
             self.gemm, self.gemm_note, self.gemm_choice = d.gemm, d.gemm_note, d.gemm_choice
             self.attention = "static, rows exact" if self.decoder.exact_rows else "static, rows batched"
@@ -212,6 +217,8 @@ class Target:
         from tandem.models import load_causal_lm
 
         model, tokenizer, loc = load_causal_lm(spec, dtype=dtype, device=device)
+        if loc.gguf_file and "gguf_path" not in kw:
+            kw = {**kw, "gguf_path": str(loc.directory / loc.gguf_file)}
         return cls(model, tokenizer, loc.name, **kw)
 
     # ---- the model call ------------------------------------------------------------------------

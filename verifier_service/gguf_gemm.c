@@ -1,0 +1,90 @@
+/* GEMMs on the target's GGUF blocks, read as stored (issue 14): y[r, o] = sum_i W[o, i] * x[r, i] (+ b[o]).
+
+   W is never expanded in memory: each 32-weight block is rebuilt in registers with exactly the
+   arithmetic gguf-py's dequantize uses to make the fp32 weights transformers loads (Q4_1: (d * q) + m,
+   two fp32 roundings; Q8_0: q * d, one), then multiplied into fp32 accumulators. So the weights are
+   bit for bit those of the model's nn.Linear; only the summation order is this kernel's (as with any
+   GEMM). Reading 0.625 (Q4_1) or 1.0625 (Q8_0) bytes a weight instead of 4 moves the memory floor.
+
+   Exact rows: every row r of x runs the same instruction sequence (its own accumulators, blocks in
+   order, one fixed horizontal sum), whatever the number of rows or threads, and an output element is
+   computed by one thread. A token's logits are therefore the same in a plain step and in any verify
+   block: greedy speculative output equals plain decoding.
+
+   Built at run time by verifier_service/gguf_linear.py with -ffp-contract=off (the weight rebuild
+   must not be fused into an FMA: that would change its rounding) and -fopenmp, linked against the
+   libgomp torch has loaded (same SONAME), so these loops share torch's OpenMP threads.
+
+   Layouts (prepared once by gguf_linear.py): for out rows and nb = in / 32 blocks a row,
+     Q4_1: d[out * nb], m[out * nb] (fp32, from fp16), qs[out * nb * 16] (byte j: element j in the low
+           nibble, element j + 16 in the high nibble, as in the file)
+     Q8_0: d[out * nb] (fp32, from fp16), qs[out * nb * 32] (int8)
+*/
+#include <immintrin.h>
+#include <stdint.h>
+
+#define ROWS 8   /* rows of x per pass over a weight row (its blocks stay in L1 between passes) */
+
+int gguf_gemm_abi(void) { return 1; }
+
+static inline float hsum(__m512 lo, __m512 hi) { return _mm512_reduce_add_ps(_mm512_add_ps(lo, hi)); }
+
+void gguf_q4_1_gemm(const float *x, int64_t rows, int64_t in, const float *d, const float *m, const uint8_t *qs,
+                    int64_t out, const float *bias, float *y, int threads) {
+    const int64_t nb = in / 32;
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t o = 0; o < out; o++) {
+        const float *dr = d + o * nb, *mr = m + o * nb;
+        const uint8_t *qr = qs + o * nb * 16;
+        for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+            const int n = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
+            __m512 lo[ROWS], hi[ROWS];
+            for (int r = 0; r < ROWS; r++) { lo[r] = _mm512_setzero_ps(); hi[r] = _mm512_setzero_ps(); }
+            for (int64_t b = 0; b < nb; b++) {
+                /* the block's 16 possible weights, (d * q) + m for q = 0..15 as gguf-py computes them; each
+                   weight is then a lookup (vpermps reads the low 4 bits of each index: no masking) */
+                const __m512 table = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(dr[b]), iota), _mm512_set1_ps(mr[b]));
+                const __m128i q = _mm_loadu_si128((const __m128i *)(qr + b * 16));
+                const __m512 wl = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(q), table);
+                const __m512 wh = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_srli_epi16(q, 4)), table);
+                for (int r = 0; r < n; r++) {
+                    const float *xr = x + (r0 + r) * in + b * 32;
+                    lo[r] = _mm512_fmadd_ps(wl, _mm512_loadu_ps(xr), lo[r]);
+                    hi[r] = _mm512_fmadd_ps(wh, _mm512_loadu_ps(xr + 16), hi[r]);
+                }
+            }
+            for (int r = 0; r < n; r++)
+                y[(r0 + r) * out + o] = hsum(lo[r], hi[r]) + (bias ? bias[o] : 0.0f);
+        }
+    }
+}
+
+void gguf_q8_0_gemm(const float *x, int64_t rows, int64_t in, const float *d, const int8_t *qs,
+                    int64_t out, const float *bias, float *y, int threads) {
+    const int64_t nb = in / 32;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t o = 0; o < out; o++) {
+        const float *dr = d + o * nb;
+        const int8_t *qr = qs + o * nb * 32;
+        for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+            const int n = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
+            __m512 lo[ROWS], hi[ROWS];
+            for (int r = 0; r < ROWS; r++) { lo[r] = _mm512_setzero_ps(); hi[r] = _mm512_setzero_ps(); }
+            for (int64_t b = 0; b < nb; b++) {
+                const __m512 vd = _mm512_set1_ps(dr[b]);
+                const __m512 wl = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                    _mm_loadu_si128((const __m128i *)(qr + b * 32)))), vd);           /* q * d, as gguf-py */
+                const __m512 wh = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                    _mm_loadu_si128((const __m128i *)(qr + b * 32 + 16)))), vd);
+                for (int r = 0; r < n; r++) {
+                    const float *xr = x + (r0 + r) * in + b * 32;
+                    lo[r] = _mm512_fmadd_ps(wl, _mm512_loadu_ps(xr), lo[r]);
+                    hi[r] = _mm512_fmadd_ps(wh, _mm512_loadu_ps(xr + 16), hi[r]);
+                }
+            }
+            for (int r = 0; r < n; r++)
+                y[(r0 + r) * out + o] = hsum(lo[r], hi[r]) + (bias ? bias[o] : 0.0f);
+        }
+    }
+}

@@ -1,0 +1,233 @@
+"""Linear layers that read the target's GGUF blocks as stored instead of fp32 copies (issue 14).
+
+A Q4_1 GGUF target is dequantized by transformers into fp32 weights: 538 MB for SmolLM2-135M, read once
+per forward. The same weights are 96 MB in the file (Q4_1 blocks: 0.625 bytes a weight; the tied
+embedding / head in Q8_0: 1.0625). ``gguf_gemm.c`` multiplies by the blocks directly, rebuilding each
+weight in registers with gguf-py's own arithmetic, so the weights are bit for bit the model's and only
+the summation order differs from another GEMM (as between MKL and oneDNN). Every row of a block runs
+the same code: a row's result does not depend on the block width or the thread count.
+
+Pieces:
+  * ``library()``: the kernel, compiled on first use with the system's C compiler into
+    ``$XDG_CACHE_HOME/tandem`` (one file per source version and flags), or None with the reason
+    (``unavailable_reason()``): not Linux x86-64 with AVX-512, no ``cc``, a failed build.
+  * ``GgufWeights``: the file's tensors by name, and ``rows_for(weight, names)``: the packed blocks of a
+    model weight, found by comparing dequantized rows with the model's (transformers permutes q/k rows
+    for rope: the permutation is recovered, not assumed), or None when they are not the same numbers.
+  * ``GgufLinear``: an ``nn.Module`` computing F.linear(x, weight, bias) from the packed blocks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("gguf_gemm.c")
+CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC",
+          "-shared")
+Q4_1, Q8_0 = "Q4_1", "Q8_0"
+BLOCK = 32
+
+
+# ---- the compiled kernel ---------------------------------------------------------------------------
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tandem"
+
+
+@functools.cache
+def _build() -> tuple[ctypes.CDLL | None, str]:
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return None, f"the GGUF kernel is for Linux x86-64 (this is {platform.system()} {platform.machine()})"
+    missing = {"avx512f", "avx512bw", "avx512vl", "fma"} - _cpu_flags()
+    if missing:
+        return None, f"this CPU lacks {', '.join(sorted(missing))}"
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None, "no C compiler (cc/gcc) to build the GGUF kernel"
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(CFLAGS).encode() + torch.__version__.encode()).hexdigest()[:16]
+    target = _cache_dir() / f"gguf_gemm-{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # link against the libgomp torch loaded (same SONAME: one OpenMP runtime, torch's threads)
+        gomp_dir = Path(torch.__file__).parent / "lib"
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            cmd = [cc, *CFLAGS, str(SOURCE), "-o", str(built), f"-L{gomp_dir}"]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                return None, f"building the GGUF kernel failed: {e}"
+            if proc.returncode != 0:
+                return None, f"building the GGUF kernel failed ({' '.join(cmd)}): {proc.stderr.strip()[-400:]}"
+            os.replace(built, target)
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as e:
+        return None, f"loading the GGUF kernel failed: {e}"
+    if lib.gguf_gemm_abi() != 1:
+        return None, "the GGUF kernel's ABI does not match"
+    i64, f32p, ptr = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
+    lib.gguf_q4_1_gemm.argtypes = [f32p, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ctypes.c_int]
+    lib.gguf_q8_0_gemm.argtypes = [f32p, i64, i64, ptr, ptr, i64, ptr, ptr, ctypes.c_int]
+    lib.gguf_q4_1_gemm.restype = lib.gguf_q8_0_gemm.restype = None
+    return lib, ""
+
+
+def library() -> ctypes.CDLL | None:
+    return _build()[0]
+
+
+def unavailable_reason() -> str:
+    """'' when the kernel runs here; otherwise why not (for the verifier's start-up line)."""
+    return _build()[1]
+
+
+# ---- the file's blocks -----------------------------------------------------------------------------
+class Packed:
+    """One weight [out, in] as kernel arrays (see gguf_gemm.c): ``kind`` Q4_1 (d, m, qs) or Q8_0 (d, qs)."""
+
+    def __init__(self, kind: str, out: int, inner: int, d: np.ndarray, m: np.ndarray | None, qs: np.ndarray):
+        self.kind, self.out, self.inner = kind, int(out), int(inner)
+        self.d = torch.from_numpy(np.ascontiguousarray(d, dtype=np.float32))
+        self.m = None if m is None else torch.from_numpy(np.ascontiguousarray(m, dtype=np.float32))
+        self.qs = torch.from_numpy(np.ascontiguousarray(qs))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.d, self.m, self.qs) if t is not None)
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 weight [out, in] the blocks stand for (gguf-py's arithmetic, for checks)."""
+        nb = self.inner // BLOCK
+        d = self.d.view(self.out, nb, 1)
+        if self.kind == Q8_0:
+            return (self.qs.view(self.out, nb, BLOCK).float() * d).view(self.out, self.inner)
+        q = self.qs.view(self.out, nb, 16)
+        q = torch.cat([q & 0x0F, q >> 4], dim=2).float()                           # [out, nb, 32]
+        return (d * q + self.m.view(self.out, nb, 1)).view(self.out, self.inner)
+
+    @staticmethod
+    def cat(parts: Sequence["Packed"]) -> "Packed":
+        """The weight whose rows are ``parts``' rows in order (merged q/k/v, gate/up)."""
+        kind, inner = parts[0].kind, parts[0].inner
+        if any(p.kind != kind or p.inner != inner for p in parts):
+            raise ValueError("cannot merge GGUF weights of different types or widths")
+        m = None if kind == Q8_0 else np.concatenate([p.m.numpy() for p in parts])
+        return Packed(kind, sum(p.out for p in parts), inner, np.concatenate([p.d.numpy() for p in parts]), m,
+                      np.concatenate([p.qs.numpy() for p in parts]))
+
+
+def _split_blocks(kind: str, raw: np.ndarray, out: int, inner: int) -> Packed:
+    """raw [out, bytes a row] (the file's layout) -> kernel arrays."""
+    nb = inner // BLOCK
+    blocks = raw.reshape(out, nb, -1)
+    d = blocks[:, :, 0:2].copy().view(np.float16).astype(np.float32).reshape(out * nb)
+    if kind == Q4_1:
+        m = blocks[:, :, 2:4].copy().view(np.float16).astype(np.float32).reshape(out * nb)
+        return Packed(kind, out, inner, d, m, blocks[:, :, 4:20].reshape(out * nb * 16))
+    return Packed(kind, out, inner, d, None, blocks[:, :, 2:34].copy().view(np.int8).reshape(out * nb * 32))
+
+
+class GgufWeights:
+    """The quantized tensors of a GGUF file (Q4_1 and Q8_0; others are left to the fp32 GEMMs)."""
+
+    def __init__(self, path: str | os.PathLike):
+        import gguf
+
+        self.path = Path(path)
+        reader = gguf.GGUFReader(str(self.path))
+        self._tensors = {}
+        for t in reader.tensors:
+            kind = t.tensor_type.name
+            if kind in (Q4_1, Q8_0) and len(t.shape) == 2:
+                inner, out = (int(s) for s in t.shape)                  # GGUF lists [in, out]
+                self._tensors[t.name] = (kind, out, inner, np.asarray(t.data))
+
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    def rows_for(self, weight: torch.Tensor, name: str) -> tuple[Packed | None, str]:
+        """The packed blocks of ``weight`` [out, in] from tensor ``name``, rows in the model's order;
+        (None, why) when the file has no such tensor or its numbers are not the weight's."""
+        if name not in self._tensors:
+            return None, f"{name} is not a Q4_1/Q8_0 tensor of {self.path.name}"
+        kind, out, inner, raw = self._tensors[name]
+        if (out, inner) != tuple(weight.shape) or inner % BLOCK:
+            return None, f"{name} is {out}x{inner}, the model's weight {tuple(weight.shape)}"
+        packed = _split_blocks(kind, raw, out, inner)
+        values = packed.dequantize()
+        w = weight.detach().float().contiguous()
+        if torch.equal(values, w):
+            return packed, ""
+        # transformers permutes some rows (q/k for rope): find each model row among the file's rows
+        index = {values[i].numpy().tobytes(): i for i in range(out)}
+        order = [index.get(w[i].numpy().tobytes()) for i in range(out)]
+        if any(i is None for i in order):
+            return None, f"{name}'s dequantized rows are not the model's weight"
+        raw_rows = raw.reshape(out, -1)[np.asarray(order)]
+        packed = _split_blocks(kind, raw_rows, out, inner)
+        if not torch.equal(packed.dequantize(), w):
+            return None, f"{name}'s dequantized rows are not the model's weight"
+        return packed, ""
+
+
+# ---- the module ------------------------------------------------------------------------------------
+class GgufLinear(nn.Module):
+    """F.linear(x, weight, bias) computed from ``packed`` (the same weight, as GGUF blocks). x [n, in] fp32."""
+
+    def __init__(self, packed: Packed, bias: torch.Tensor | None = None):
+        super().__init__()
+        lib = library()
+        if lib is None:
+            raise RuntimeError(f"the GGUF kernel is not available: {unavailable_reason()}")
+        self._lib = lib
+        self.packed = packed
+        self.in_features, self.out_features = packed.inner, packed.out
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        p = packed
+        self._d, self._qs = p.d.data_ptr(), p.qs.data_ptr()
+        self._m = p.m.data_ptr() if p.m is not None else None
+        self._b = self.bias.data_ptr() if self.bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        n = x.shape[0]
+        y = torch.empty(n, self.out_features)
+        threads = torch.get_num_threads()
+        if self.packed.kind == Q4_1:
+            self._lib.gguf_q4_1_gemm(x.data_ptr(), n, self.in_features, self._d, self._m, self._qs,
+                                     self.out_features, self._b, y.data_ptr(), threads)
+        else:
+            self._lib.gguf_q8_0_gemm(x.data_ptr(), n, self.in_features, self._d, self._qs,
+                                     self.out_features, self._b, y.data_ptr(), threads)
+        return y
+
+    def extra_repr(self) -> str:
+        return f"{self.packed.kind}, in={self.in_features}, out={self.out_features}, {self.packed.nbytes / 1e6:.1f} MB"
