@@ -8,8 +8,7 @@ the summation order differs from another GEMM (as between MKL and oneDNN). Every
 the same code: a row's result does not depend on the block width or the thread count.
 
 Pieces:
-  * ``library()``: the kernel, compiled on first use with the system's C compiler into
-    ``$XDG_CACHE_HOME/tandem`` (one file per source version and flags), or None with the reason
+  * ``library()``: the kernel (``verifier_service.native``: compiled on first use), or None with the reason
     (``unavailable_reason()``): not Linux x86-64 with AVX-512, no ``cc``, a failed build.
   * ``GgufWeights``: the file's tensors by name, and ``rows_for(weight, names)``: the packed blocks of a
     model weight, found by comparing dequantized rows with the model's (transformers permutes q/k rows
@@ -19,15 +18,8 @@ Pieces:
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import hashlib
 import logging
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,78 +27,22 @@ import numpy as np
 import torch
 from torch import nn
 
+from verifier_service import native
+
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("gguf_gemm.c")
-CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC",
-          "-shared")
 Q4_1, Q8_0 = "Q4_1", "Q8_0"
 BLOCK = 32
 
 
 # ---- the compiled kernel ---------------------------------------------------------------------------
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tandem"
-
-
-@functools.cache
-def _build() -> tuple[ctypes.CDLL | None, str]:
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return None, f"the GGUF kernel is for Linux x86-64 (this is {platform.system()} {platform.machine()})"
-    missing = {"avx512f", "avx512bw", "avx512vl", "fma"} - _cpu_flags()
-    if missing:
-        return None, f"this CPU lacks {', '.join(sorted(missing))}"
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        return None, "no C compiler (cc/gcc) to build the GGUF kernel"
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(CFLAGS).encode() + torch.__version__.encode()).hexdigest()[:16]
-    target = _cache_dir() / f"gguf_gemm-{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # link against the libgomp torch loaded (same SONAME: one OpenMP runtime, torch's threads)
-        gomp_dir = Path(torch.__file__).parent / "lib"
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            built = Path(tmp) / target.name
-            cmd = [cc, *CFLAGS, str(SOURCE), "-o", str(built), f"-L{gomp_dir}"]
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                return None, f"building the GGUF kernel failed: {e}"
-            if proc.returncode != 0:
-                return None, f"building the GGUF kernel failed ({' '.join(cmd)}): {proc.stderr.strip()[-400:]}"
-            os.replace(built, target)
-    try:
-        lib = ctypes.CDLL(str(target))
-    except OSError as e:
-        return None, f"loading the GGUF kernel failed: {e}"
-    if lib.gguf_gemm_abi() != 1:
-        return None, "the GGUF kernel's ABI does not match"
-    i64, f32p, ptr = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
-    lib.gguf_q4_1_gemm.argtypes = [f32p, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ctypes.c_int]
-    lib.gguf_q8_0_gemm.argtypes = [f32p, i64, i64, ptr, ptr, i64, ptr, ptr, ctypes.c_int]
-    lib.gguf_q4_1_gemm.restype = lib.gguf_q8_0_gemm.restype = None
-    return lib, ""
-
-
-def library() -> ctypes.CDLL | None:
-    return _build()[0]
+def library():
+    return native.library()
 
 
 def unavailable_reason() -> str:
     """'' when the kernel runs here; otherwise why not (for the verifier's start-up line)."""
-    return _build()[1]
+    return native.unavailable_reason()
 
 
 # ---- the file's blocks -----------------------------------------------------------------------------

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from verifier_service import fast_linear, gguf_linear
+from verifier_service import fast_linear, gguf_linear, native
 
 GGUF = "gguf"                 # --gemm: GEMMs on the GGUF file's blocks as stored (verifier_service.gguf_linear)
 CHOICE_WIDTHS = (1, 2, 3, 4, 5)   # 'auto' compares the GGUF kernel over these widths: a plain step and k <= 4,
@@ -209,6 +209,8 @@ class StaticDecoder:
         with torch.no_grad():
             self.linears = _Linears([_Layer(layer) for layer in inner.layers], model.get_output_embeddings())
         self.layers = list(self.linears.layers)
+        # exact-rows attention in one C call per layer (native.row_attention) where the kernels build here
+        self._row_attention = native.library() if self.head_dim % 16 == 0 else None
         self.gguf_bytes = 0
         packs, why_not = self._gguf_packs(gguf_path) if gemm in ("auto", GGUF) else (None, "")
         if gemm == GGUF:
@@ -312,8 +314,9 @@ class StaticDecoder:
         kernels = self.gemm if self.gemm_choice is None else self.gemm_choice.describe()
         if self.gemm == GGUF:
             kernels = f"on the GGUF blocks ({self.gguf_bytes / 1e6:.0f} MB)"
+        how = "C kernel" if self._row_attention is not None else "torch"
         return (f"static decoder: {len(self.layers)} layers, GEMMs {kernels}; "
-                f"rows {'exact (row-wise attention)' if self.exact_rows else 'batched'}")
+                f"rows {f'exact (row-wise attention, {how})' if self.exact_rows else 'batched'}")
 
     def _positions(self, upto: int) -> None:
         """Extends the cos/sin tables [positions, head_dim] to ``upto`` positions (the model's rotary embedding)."""
@@ -339,6 +342,14 @@ class StaticDecoder:
         """q [n, heads, head_dim] at positions start..start+n-1; kv [2, kv_heads, capacity, head_dim].
         Row i attends to keys 0..start+i with the code a width-1 step runs; returns [n, heads * head_dim]."""
         n = q.shape[0]
+        if self._row_attention is not None and q.stride(2) == 1 and q.stride(1) == self.head_dim:
+            out = torch.empty(n, self.heads * self.head_dim)
+            plane = kv.shape[1] * kv.shape[2] * kv.shape[3]                          # KV * capacity * D
+            base = kv.data_ptr()
+            self._row_attention.row_attention(q.data_ptr(), q.stride(0), n, self.heads, self.kv_heads, self.head_dim,
+                                              base, base + plane * kv.element_size(), kv.shape[2], start,
+                                              self.scale, out.data_ptr(), torch.get_num_threads())
+            return out
         qg = (q * self.scale).view(n, self.kv_heads, self.group, self.head_dim)      # [n, KV, G, D]
         rows = []
         for i in range(n):

@@ -1,0 +1,76 @@
+/* Attention for the rows of a plain step or a verify block, one (row, head) at a time (issue 14).
+
+   out[i, h] = softmax(scale * q[i, h] . K[kv(h), 0..start+i]) . V[kv(h), 0..start+i]
+
+   Row i attends to its own causal prefix of the static KV cache. Every (row, head) runs the same code
+   whatever the number of rows or threads (one thread computes it), so a token's attention output is
+   bit-identical in a plain step and inside any verify block: the exact-rows property of the static
+   decoder without a torch call (bmm, softmax, bmm, slices) per row and layer.
+
+   exp: Cephes' single-precision polynomial (max relative error ~2e-7), scaled with vscalefps.
+   Needs head_dim % 16 == 0 (checked by the caller). Built with gguf_gemm.c (verifier_service/native.py). */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+int row_attention_abi(void) { return 1; }
+
+static inline __m512 exp512(__m512 x) {        /* x <= 0 here (scores minus their max) */
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r);
+    y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, n);
+}
+
+/* q: row i, head h at q + i * q_row + h * d (heads contiguous); k, v: [kv_heads, cap, d] of one layer;
+   out: [n, heads * d]. */
+void row_attention(const float *q, int64_t q_row, int64_t n, int64_t heads, int64_t kv_heads, int64_t d,
+                   const float *k, const float *v, int64_t cap, int64_t start, float scale, float *out, int threads) {
+    const int64_t group = heads / kv_heads;
+#pragma omp parallel num_threads(threads)
+    {
+        float *s = (float *)malloc(sizeof(float) * (size_t)(start + n + 16));
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < n * heads; t++) {
+            const int64_t i = t / heads, h = t % heads, m = start + i + 1;
+            const float *qi = q + i * q_row + h * d;
+            const float *K = k + (h / group) * cap * d, *V = v + (h / group) * cap * d;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < m; j++) {
+                __m512 acc = _mm512_setzero_ps();
+                for (int64_t c = 0; c < d; c += 16)
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(qi + c), _mm512_loadu_ps(K + j * d + c), acc);
+                s[j] = _mm512_reduce_add_ps(acc) * scale;
+                mx = s[j] > mx ? s[j] : mx;
+            }
+            const __m512 vmx = _mm512_set1_ps(mx);
+            __m512 vsum = _mm512_setzero_ps();
+            for (int64_t j = 0; j < m; j += 16) {
+                const __mmask16 mask = m - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (m - j)) - 1u);
+                const __m512 p = _mm512_maskz_mov_ps(mask, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, s + j), vmx)));
+                _mm512_mask_storeu_ps(s + j, mask, p);
+                vsum = _mm512_add_ps(vsum, p);
+            }
+            const float inv = 1.0f / _mm512_reduce_add_ps(vsum);
+            float *o = out + i * heads * d + h * d;
+            for (int64_t c = 0; c < d; c += 16) {
+                __m512 acc = _mm512_setzero_ps();
+                for (int64_t j = 0; j < m; j++)
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), _mm512_loadu_ps(V + j * d + c), acc);
+                _mm512_storeu_ps(o + c, _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
+            }
+        }
+        free(s);
+    }
+}
