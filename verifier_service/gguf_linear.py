@@ -135,11 +135,18 @@ class GgufWeights:
 
 
 # ---- the module ------------------------------------------------------------------------------------
-class GgufLinear(nn.Module):
-    """F.linear(x, weight, bias) computed from ``packed`` (the same weight, as GGUF blocks). x [n, in] fp32."""
+WIDE_ROWS = 32   # more rows than this (prefill chunks): the fp32 weight's GEMM, compute-bound, where
+                 # MKL/oneDNN beat this kernel (a 256-token chunk: 2.7x the time-to-first-token); a
+                 # verify block or plain step never has that many rows (static_decoder.ROW_BY_ROW_MAX)
 
-    def __init__(self, packed: Packed, bias: torch.Tensor | None = None):
+
+class GgufLinear(nn.Module):
+    """F.linear(x, weight, bias) computed from ``packed`` (the same weight, as GGUF blocks). x [n, in] fp32.
+    ``wide``: the module that takes inputs of more than WIDE_ROWS rows (the layer it replaced), or None."""
+
+    def __init__(self, packed: Packed, bias: torch.Tensor | None = None, wide: nn.Module | None = None):
         super().__init__()
+        self.wide = wide
         lib = library()
         if lib is None:
             raise RuntimeError(f"the GGUF kernel is not available: {unavailable_reason()}")
@@ -153,8 +160,10 @@ class GgufLinear(nn.Module):
         self._b = self.bias.data_ptr() if self.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous()
         n = x.shape[0]
+        if n > WIDE_ROWS and self.wide is not None:
+            return self.wide(x)
+        x = x.contiguous()
         y = torch.empty(n, self.out_features)
         threads = torch.get_num_threads()
         if self.packed.kind == Q4_1:

@@ -1,4 +1,5 @@
-"""The verifier's C kernels (gguf_gemm.c: GEMMs on GGUF blocks; row_attention.c: exact-rows attention),
+"""The verifier's C kernels (gguf_gemm.c: GEMMs on GGUF blocks; row_attention.c: exact-rows attention;
+layer_ops.c: the layer's row-wise glue),
 compiled on first use with the system's C compiler into ``$XDG_CACHE_HOME/tandem`` (one file per source
 version, flags and torch version; built into a temporary name and renamed, so concurrent starts are safe)
 and loaded with ctypes.
@@ -25,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("gguf_gemm.c", "row_attention.c"))
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("gguf_gemm.c", "row_attention.c", "layer_ops.c"))
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("simd_exp.h",))
 CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC",
           "-shared")
 REQUIRED_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "fma"}
@@ -51,7 +53,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.gguf_q4_1_gemm.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, cint]
     lib.gguf_q8_0_gemm.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, cint]
     lib.row_attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, i64, f32, ptr, cint]
-    for f in (lib.gguf_q4_1_gemm, lib.gguf_q8_0_gemm, lib.row_attention):
+    lib.add_rms_norm.argtypes = [ptr, ptr, i64, i64, ptr, f32, ptr]
+    lib.rope_store.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64, ptr]
+    lib.silu_mul.argtypes = [ptr, i64, i64, ptr]
+    for f in (lib.gguf_q4_1_gemm, lib.gguf_q8_0_gemm, lib.row_attention, lib.add_rms_norm, lib.rope_store,
+              lib.silu_mul):
         f.restype = None
 
 
@@ -66,7 +72,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     if not cc:
         return None, "no C compiler (cc/gcc) to build the kernels"
     digest = hashlib.sha256(" ".join(CFLAGS).encode() + torch.__version__.encode())
-    for src in SOURCES:
+    for src in SOURCES + HEADERS:
         digest.update(src.read_bytes())
     target = _cache_dir() / f"tandem_kernels-{digest.hexdigest()[:16]}.so"
     if not target.exists():
@@ -86,7 +92,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         lib = ctypes.CDLL(str(target))
     except OSError as e:
         return None, f"loading the C kernels failed: {e}"
-    if lib.gguf_gemm_abi() != 1 or lib.row_attention_abi() != 1:
+    if lib.gguf_gemm_abi() != 1 or lib.row_attention_abi() != 1 or lib.layer_ops_abi() != 1:
         return None, "the C kernels' ABI does not match"
     _declare(lib)
     return lib, ""

@@ -7,31 +7,16 @@
    bit-identical in a plain step and inside any verify block: the exact-rows property of the static
    decoder without a torch call (bmm, softmax, bmm, slices) per row and layer.
 
-   exp: Cephes' single-precision polynomial (max relative error ~2e-7), scaled with vscalefps.
+   exp: simd_exp.h.
    Needs head_dim % 16 == 0 (checked by the caller). Built with gguf_gemm.c (verifier_service/native.py). */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-int row_attention_abi(void) { return 1; }
+#include "simd_exp.h"
 
-static inline __m512 exp512(__m512 x) {        /* x <= 0 here (scores minus their max) */
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r);
-    y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(y, n);
-}
+int row_attention_abi(void) { return 1; }
 
 /* q: row i, head h at q + i * q_row + h * d (heads contiguous); k, v: [kv_heads, cap, d] of one layer;
    out: [n, heads * d]. */

@@ -3,7 +3,7 @@ own weights, a static KV cache indexed by position, and rows of a verify block c
 
 Why (issue 14): on the 2-core AMD EPYC, 1 thread, a width-1 step of SmolLM2-135M through transformers'
 modules (with the oneDNN GEMMs) took 25.7 ms, its GEMMs alone 17.7 (module calls, mask and cache
-bookkeeping, 7 linears per layer); this forward runs the same math in fewer ops (21.1 ms):
+bookkeeping, 7 linears per layer); this forward runs the same math in fewer ops:
 
   x = embed(ids)                                     [n, hidden]
   per layer:
@@ -14,6 +14,13 @@ bookkeeping, 7 linears per layer); this forward runs the same math in fewer ops 
     x = x + W_o . o
     x = x + W_down . (silu(g) * u),  [g, u] = W_gate_up . rms_norm(x)   one GEMM for gate and up
   logits = W_head . rms_norm(x) for the rows asked for (the last one in prefill)
+
+GEMMs: with a Q4_1/Q8_0 GGUF target, on the file's blocks as stored (``gguf_linear``: the same weights
+in 111 MB instead of 538, measured at start against the fp32 kernels, ``--gemm auto``); otherwise on
+oneDNN's packed fp32 weights or MKL (``fast_linear``). Where the C kernels build (``native``: Linux
+x86-64, AVX-512, a C compiler) the per-row attention (``row_attention.c``) and the row-wise glue
+(``layer_ops.c``: residual add + RMSNorm, RoPE + cache store, SiLU product) are one C call each per layer;
+width-1 step, 2 threads: 14.3 ms with torch ops and oneDNN, 7.2 ms with the GGUF blocks and the C glue.
 
 Exact rows (``exact_rows=True``): for blocks of up to ``ROW_BY_ROW_MAX`` rows, each query row attends
 to its own causal prefix through the same single-row code a plain step runs, and every other op is
@@ -209,13 +216,17 @@ class StaticDecoder:
         with torch.no_grad():
             self.linears = _Linears([_Layer(layer) for layer in inner.layers], model.get_output_embeddings())
         self.layers = list(self.linears.layers)
-        # exact-rows attention in one C call per layer (native.row_attention) where the kernels build here
+        # exact-rows attention in one C call per layer (native.row_attention) and the row-wise glue (norms,
+        # rope + cache store, SiLU product) in C, where the kernels build here; torch ops otherwise
         self._row_attention = native.library() if self.head_dim % 16 == 0 else None
+        self._glue = native.library() if self.head_dim % 2 == 0 else None
         self.gguf_bytes = 0
         packs, why_not = self._gguf_packs(gguf_path) if gemm in ("auto", GGUF) else (None, "")
         if gemm == GGUF:
             if packs is None:
                 raise ValueError(f"--gemm gguf cannot run here: {why_not}")
+            if fast_linear.onednn_available():      # prefill chunks (wide inputs) on oneDNN, 2x MKL's speed here
+                fast_linear.configure(self.linears, fast_linear.ONEDNN, widths)
             self._install_gguf(packs)
             self.gemm, self.gemm_note, self.gemm_choice = GGUF, "asked for", None
         else:
@@ -269,7 +280,10 @@ class StaticDecoder:
     def _install_gguf(self, packs) -> None:
         for (owner, attr), packed in zip(self._modules(), packs):
             old = getattr(owner, attr)
-            setattr(owner, attr, gguf_linear.GgufLinear(packed, getattr(old, "bias", None)))
+            if isinstance(old, gguf_linear.GgufLinear):
+                old = old.wide
+            # prefill chunks (many rows) keep the fp32 GEMM the layer had: compute-bound, faster there
+            setattr(owner, attr, gguf_linear.GgufLinear(packed, getattr(old, "bias", None), wide=old))
         self.gguf_bytes = sum(p.nbytes for p in packs)
 
     def _time_linears(self, widths: Sequence[int], repeats: int = 3) -> dict[int, float]:
@@ -315,6 +329,8 @@ class StaticDecoder:
         if self.gemm == GGUF:
             kernels = f"on the GGUF blocks ({self.gguf_bytes / 1e6:.0f} MB)"
         how = "C kernel" if self._row_attention is not None else "torch"
+        if self._glue is not None:
+            how += "; norms, rope, SiLU in C"
         return (f"static decoder: {len(self.layers)} layers, GEMMs {kernels}; "
                 f"rows {f'exact (row-wise attention, {how})' if self.exact_rows else 'batched'}")
 
@@ -380,6 +396,8 @@ class StaticDecoder:
         self._positions(start + n)
         ids = torch.as_tensor(list(input_ids), dtype=torch.long)
         x = F.embedding(ids, self.embed)                                                # [n, hidden]
+        if self._glue is not None:
+            return self._forward_glue(cache, x, start, last_only)
         cos = self._cos[start:start + n, None]                                          # [n, 1, D]
         sin = self._sin[start:start + n, None]
         qk_width = (self.heads + self.kv_heads) * self.head_dim
@@ -402,3 +420,37 @@ class StaticDecoder:
         if last_only:
             x = x[-1:]
         return self.linears.head(F.rms_norm(x, (x.shape[-1],), self.norm, self.norm_eps))
+
+    def _forward_glue(self, cache: StaticKVCache, x: torch.Tensor, start: int, last_only: bool) -> torch.Tensor:
+        """``forward`` with the row-wise ops in C (layer_ops.c); the same math, x [n, hidden] updated in place."""
+        lib = self._glue
+        n, hidden = x.shape
+        H, KV, D = self.heads, self.kv_heads, self.head_dim
+        row_by_row = n <= ROW_BY_ROW_MAX and (self.exact_rows or n == 1)
+        cos, sin = self._cos[start:start + n], self._sin[start:start + n]                # [n, D], contiguous
+        h = torch.empty_like(x)
+        xp, hp = x.data_ptr(), h.data_ptr()
+        lib.add_rms_norm(xp, None, n, hidden, self.layers[0].norm1.data_ptr(), self.layers[0].eps1, hp)
+        plane = cache.kv.shape[2] * cache.kv.shape[3] * cache.kv.shape[4]                # KV * capacity * D
+        capacity = cache.kv.shape[3]
+        for index, layer in enumerate(self.layers):
+            kv = cache.kv[index]                                                        # [2, KV, capacity, D]
+            qkv = layer.qkv(h)                                                          # [n, (H + 2 KV) D]
+            q = torch.empty(n, H * D)
+            k_base = kv.data_ptr()
+            lib.rope_store(qkv.data_ptr(), n, H, KV, D, cos.data_ptr(), sin.data_ptr(), k_base,
+                           k_base + plane * kv.element_size(), capacity, start, q.data_ptr())
+            q3 = q.view(n, H, D)
+            attended = self._attend_row_by_row(q3, kv, start) if row_by_row else self._attend_block(q3, kv, start)
+            o = layer.o(attended)
+            lib.add_rms_norm(xp, o.data_ptr(), n, hidden, layer.norm2.data_ptr(), layer.eps2, hp)   # x += o
+            gate_up = layer.gate_up(h)                                                  # [n, 2 I]
+            inner = gate_up.shape[1] // 2
+            act = torch.empty(n, inner)
+            lib.silu_mul(gate_up.data_ptr(), n, inner, act.data_ptr())
+            down = layer.down(act)
+            following = self.layers[index + 1] if index + 1 < len(self.layers) else None
+            norm, eps = (following.norm1, following.eps1) if following is not None else (self.norm, self.norm_eps)
+            lib.add_rms_norm(xp, down.data_ptr(), n, hidden, norm.data_ptr(), eps, hp)  # x += down; h = norm(x)
+        cache.length = start + n
+        return self.linears.head(h[-1:] if last_only else h)

@@ -156,3 +156,25 @@ def test_gguf_asked_for_without_a_file_says_why(gguf_model):
     model, tokenizer, _ = gguf_model
     with pytest.raises(ValueError, match="not loaded from a GGUF file"):
         static_decoder.StaticDecoder(model, gemm="gguf")
+
+
+def test_wide_inputs_go_to_the_fp32_layer_and_narrow_ones_to_the_blocks():
+    """Prefill chunks (more than WIDE_ROWS rows) take the layer's fp32 GEMM (compute-bound, faster there);
+    plain steps and verify blocks take the blocks. Both compute the same weights."""
+    import gguf
+
+    weight = torch.randn(64, 64, generator=torch.Generator().manual_seed(5))
+    blocks, values = quantize(weight, gguf.GGMLQuantizationType.Q4_1)
+    fp32 = torch.nn.Linear(64, 64, bias=False)
+    with torch.no_grad():
+        fp32.weight.copy_(values)
+    calls = []
+    fp32.register_forward_hook(lambda *a: calls.append(1))
+    linear = gguf_linear.GgufLinear(gguf_linear._split_blocks("Q4_1", blocks, 64, 64), wide=fp32)
+    x = torch.randn(gguf_linear.WIDE_ROWS + 8, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(linear(x), F.linear(x, values), rtol=1e-5, atol=1e-5)
+        assert calls == [1]
+        torch.testing.assert_close(linear(x[:gguf_linear.WIDE_ROWS]), F.linear(x[:gguf_linear.WIDE_ROWS], values),
+                                   rtol=1e-5, atol=1e-5)
+        assert calls == [1]
