@@ -25,7 +25,9 @@ Pieces (all plain Python, no grpc/torch/numpy):
   accepted), decayed (EWMA), censored correctly (a position after the first rejection is not
   observed). A session's estimator starts from a gateway-wide one (pseudo-observations that fade as
   the session's own rounds arrive), so its first rounds are sane. Tokens copied by prompt lookup have
-  their own, separately learned acceptance, and the estimator learns the *lookup yield*: the share of
+  their own, separately learned acceptance, per length of the n-gram the match was found by (1, 2, 3,
+  4+: a long match -- a quote, a name, a repeated line -- is usually right, a match on the last token
+  alone often is not), and the estimator learns the *lookup yield*: the share of
   the lookup tokens the gateway predicted (it runs the drafter's default lookup rule over the sequence
   it holds) that the drafter really sent as lookup copies. A drafter served with lookup off, other
   n-grams or lookup checks yields fewer (with lookup off: none), and a predicted match must not make
@@ -78,6 +80,7 @@ class RoundFigures:
     drafter_called: bool | None = None  # a Propose call happened (None: width > 0)
     propose_wall_ms: float | None = None  # wall time of the Propose call at the gateway, if timed
     lookup_predicted: int = 0           # lookup tokens the gateway predicted at the block's head (its choice of k)
+    lookup_ngram: int = 0               # the n-gram length that prediction was found by (0: none / unknown)
 
     def __post_init__(self):
         if self.from_lookup and len(self.from_lookup) != self.width:
@@ -102,14 +105,15 @@ class RoundFigures:
 
     @classmethod
     def from_outcome(cls, proposal, outcome, round_ms: float, propose_wall_ms: float | None = None,
-                     drafter_called: bool | None = None, lookup_predicted: int = 0) -> "RoundFigures":
+                     drafter_called: bool | None = None, lookup_predicted: int = 0,
+                     lookup_ngram: int = 0) -> "RoundFigures":
         """From a ``tandem.types.Proposal`` and ``VerifyOutcome`` (duck-typed)."""
         tokens = tuple(proposal.tokens)
         return cls(width=len(tokens), accepted=int(outcome.accepted), verify_ms=float(outcome.compute_ms),
                    round_ms=float(round_ms), draft_ms=float(proposal.compute_ms),
                    from_lookup=tuple(bool(getattr(t, "from_lookup", False)) for t in tokens),
                    drafter_called=drafter_called, propose_wall_ms=propose_wall_ms,
-                   lookup_predicted=int(lookup_predicted))
+                   lookup_predicted=int(lookup_predicted), lookup_ngram=int(lookup_ngram))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -306,6 +310,11 @@ class CostModel:
 # Acceptance
 # ---------------------------------------------------------------------------------------------------
 _A_MIN, _A_MAX = 1e-3, 0.995
+NGRAM_BUCKETS = 4               # lookup acceptance per match length 1, 2, 3 and 4+
+
+
+def _bucket(ngram: int) -> int:
+    return min(max(0, int(ngram)), NGRAM_BUCKETS)
 
 
 @dataclass
@@ -357,7 +366,8 @@ class AcceptanceEstimator:
         self.alpha, self.prior, self.prior_weight = float(alpha), prior, float(prior_weight)
         self.default, self.default_lookup, self.share = float(default), float(default_lookup), share
         self._model: list[_Slot] = []   # per model position
-        self._lookup = _Slot(self.prior_weight)
+        self._lookup = _Slot(self.prior_weight)          # every lookup token
+        self._lookup_by_n = {n: _Slot(self.prior_weight) for n in range(1, NGRAM_BUCKETS + 1)}   # per match length
         self._yield = _Slot(self.prior_weight)   # share of predicted lookup tokens that arrived as lookup copies
 
     # ---- learning ---------------------------------------------------------------------------------
@@ -369,30 +379,33 @@ class AcceptanceEstimator:
     def _add(self, i: int, accepted: bool) -> None:
         self._slot(i).add(accepted, 1.0 - self.alpha)
 
-    def _add_lookup(self, accepted: bool) -> None:
+    def _add_lookup(self, accepted: bool, ngram: int = 0) -> None:
         self._lookup.add(accepted, 1.0 - self.alpha)
+        if _bucket(ngram):
+            self._lookup_by_n[_bucket(ngram)].add(accepted, 1.0 - self.alpha)
 
     def relax(self, beta: float = 0.02) -> None:
         """Moves a fraction ``beta`` of the session's own evidence back to the prior: called on rounds
         that observe nothing (plain rounds), so estimates that went stale while speculation was off
         drift back toward the gateway-wide figures instead of freezing at their last, unlucky value."""
-        for slot in (*self._model, self._lookup, self._yield):
+        for slot in (*self._model, self._lookup, *self._lookup_by_n.values(), self._yield):
             slot.relax(beta)
 
-    def observe_block(self, from_lookup: Sequence[bool], accepted: int) -> None:
+    def observe_block(self, from_lookup: Sequence[bool], accepted: int, ngram: int = 0) -> None:
         """One verified block: flags per proposed token and the number accepted. Positions after the
-        first rejection are not observed (the conditional is only defined given the prefix accepted)."""
+        first rejection are not observed (the conditional is only defined given the prefix accepted).
+        ``ngram``: the length of the n-gram the gateway's lookup prediction was found by (0: unknown)."""
         model_index = 0
         for i, lookup in enumerate(from_lookup):
             if i > accepted:
                 break
             if lookup:
-                self._add_lookup(i < accepted)
+                self._add_lookup(i < accepted, ngram)
             else:
                 self._add(model_index, i < accepted)
                 model_index += 1
         if self.share and self.prior is not None:
-            self.prior.observe_block(from_lookup, accepted)
+            self.prior.observe_block(from_lookup, accepted, ngram)
 
     def observe_lookup_yield(self, predicted: int, from_lookup: Sequence[bool]) -> None:
         """A block drafted after the gateway predicted ``predicted`` (> 0) lookup tokens at its head:
@@ -410,7 +423,7 @@ class AcceptanceEstimator:
 
     def observe(self, fig: RoundFigures) -> None:
         if fig.width:
-            self.observe_block(fig.from_lookup or (False,) * fig.width, fig.accepted)
+            self.observe_block(fig.from_lookup or (False,) * fig.width, fig.accepted, fig.lookup_ngram)
             if fig.lookup_predicted:
                 self.observe_lookup_yield(min(fig.lookup_predicted, fig.width), fig.from_lookup)
 
@@ -445,7 +458,15 @@ class AcceptanceEstimator:
         """a_{i+1}: the i-th (0-based) model-drafted token of a block."""
         return self.model_acceptances(i + 1)[i]
 
-    def lookup_acceptance(self) -> float:
+    def lookup_acceptance(self, ngram: int = 0) -> float:
+        """Conditional acceptance of a lookup token; ``ngram`` > 0: of one found by a match of that length
+        (its own evidence, shrunk toward the prior's figure for that length; without a prior, toward this
+        estimator's figure over all lengths)."""
+        b = _bucket(ngram)
+        if b:
+            prior = (self.prior.lookup_acceptance(b) if self.prior is not None
+                     else self._lookup.estimate(self.default_lookup))
+            return min(_A_MAX, max(_A_MIN, self._lookup_by_n[b].estimate(prior)))
         prior = self.prior.lookup_acceptance() if self.prior is not None else self.default_lookup
         return min(_A_MAX, max(_A_MIN, self._lookup.estimate(prior)))
 
@@ -455,14 +476,17 @@ class AcceptanceEstimator:
         prior = self.prior.lookup_yield() if self.prior is not None else 1.0
         return min(1.0, max(0.0, self._yield.estimate(prior)))
 
-    def acceptances(self, k: int, lookup_tokens: int = 0) -> list[float]:
-        """a_1..a_k of a block whose first ``lookup_tokens`` tokens are copied by lookup."""
+    def acceptances(self, k: int, lookup_tokens: int = 0, ngram: int = 0) -> list[float]:
+        """a_1..a_k of a block whose first ``lookup_tokens`` tokens are copied by lookup (found by an
+        ``ngram``-token match)."""
         lookup = min(max(0, lookup_tokens), k)
-        return [self.lookup_acceptance()] * lookup + self.model_acceptances(k - lookup)
+        return [self.lookup_acceptance(ngram)] * lookup + self.model_acceptances(k - lookup)
 
     def table(self, positions: int = 8) -> dict[str, float]:
         out = {f"a{i + 1}": round(a, 4) for i, a in enumerate(self.model_acceptances(positions))}
         out["a_lookup"] = round(self.lookup_acceptance(), 4)
+        for n in range(1, NGRAM_BUCKETS + 1):
+            out[f"a_lookup_n{n}"] = round(self.lookup_acceptance(n), 4)
         out["lookup_yield"] = round(self.lookup_yield(), 4)
         return out
 
@@ -502,10 +526,10 @@ class Decision:
 
 
 def _candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[int],
-                lookup_available: int) -> tuple[Candidate, ...]:
+                lookup_available: int, lookup_ngram: int = 0) -> tuple[Candidate, ...]:
     lookup = max(0, int(lookup_available))
     model = acceptance.model_acceptances(max(ks, default=0))
-    a_lookup = acceptance.lookup_acceptance()
+    a_lookup = acceptance.lookup_acceptance(lookup_ngram)
     # the predicted lookup tokens arrive with the learned yield y; otherwise the drafter drafts the block itself
     y = acceptance.lookup_yield() if lookup else 0.0
     out = []
@@ -521,14 +545,16 @@ def _candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[i
     return tuple(out)
 
 
-def choose_k(cost: CostModel, acceptance: AcceptanceEstimator, k_max: int, lookup_available: int = 0) -> Decision:
+def choose_k(cost: CostModel, acceptance: AcceptanceEstimator, k_max: int, lookup_available: int = 0,
+             lookup_ngram: int = 0) -> Decision:
     """The k in 0..k_max with the most expected tokens per ms (ties: the smaller k).
 
     ``lookup_available``: how many tokens prompt lookup is expected to supply at the head of the block
     (the gateway can run the same lookup over the sequence it holds); they count with the lookup
-    acceptance and the lookup cost."""
+    acceptance and the lookup cost; ``lookup_ngram``: the length of the n-gram they were found by (their
+    acceptance is learned per length)."""
     k_max = max(0, int(k_max))
-    cands = _candidates(cost, acceptance, range(k_max + 1), lookup_available)
+    cands = _candidates(cost, acceptance, range(k_max + 1), lookup_available, lookup_ngram)
     best = cands[0]
     for c in cands[1:]:
         if c.tokens_per_ms > best.tokens_per_ms * (1.0 + 1e-9):
@@ -583,23 +609,25 @@ class DraftLengthPolicy:
     _probe_tokens: float = field(init=False, default=0.0)
     _probe_ms: float = field(init=False, default=0.0)
     lookup_predicted: int = field(init=False, default=0)  # the last next_k's lookup_available
+    lookup_ngram: int = field(init=False, default=0)      # and the n-gram length it was found by
 
     def __post_init__(self):
         self.interval = self.probe_every
 
-    def next_k(self, k_max: int, lookup_available: int = 0) -> Decision:
+    def next_k(self, k_max: int, lookup_available: int = 0, lookup_ngram: int = 0) -> Decision:
         k_max = max(0, int(k_max))
         self._probe_plain_rate = None
         self.lookup_predicted = max(0, int(lookup_available))
+        self.lookup_ngram = max(0, int(lookup_ngram)) if self.lookup_predicted else 0
         if self.pinned is not None:
             k = min(self.pinned, k_max)
-            c, = _candidates(self.cost, self.acceptance, (k,), lookup_available)
+            c, = _candidates(self.cost, self.acceptance, (k,), lookup_available, self.lookup_ngram)
             d = Decision(k, c.expected_tokens, c.expected_ms, c.tokens_per_ms, (c,), "pinned")
         elif not self.cost.ready and k_max > 0:
             k = min(self.fallback_k, k_max)
             d = Decision(k, float("nan"), float("nan"), float("nan"), (), "no-figures")
         else:
-            d = choose_k(self.cost, self.acceptance, min(k_max, self.k_cap), lookup_available)
+            d = choose_k(self.cost, self.acceptance, min(k_max, self.k_cap), lookup_available, self.lookup_ngram)
             if d.k > 0 or k_max == 0:
                 self.plain_streak = 0
                 if d.k > 0:
@@ -622,7 +650,7 @@ class DraftLengthPolicy:
 
     def observe(self, fig: RoundFigures) -> None:
         if fig.width and not fig.lookup_predicted and self.lookup_predicted:
-            fig = dataclasses.replace(fig, lookup_predicted=self.lookup_predicted)
+            fig = dataclasses.replace(fig, lookup_predicted=self.lookup_predicted, lookup_ngram=self.lookup_ngram)
         self.cost.observe(fig)
         self.acceptance.observe(fig)
         if fig.width == 0 and self.relax:

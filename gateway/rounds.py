@@ -90,8 +90,9 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
             if policy is not None and drafter is not None:
                 # what prompt lookup will copy this round (the drafter's own rule, at its default n-grams):
                 # such tokens are nearly free and often accepted, so they change the best k
-                looked = find_lookup(sequence, budget, DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM)[0] if budget > 0 else []
-                decision = policy.next_k(budget, len(looked))
+                looked, ngram = (find_lookup(sequence, budget, DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM) if budget > 0
+                                 else ([], 0))
+                decision = policy.next_k(budget, len(looked), ngram)
             k = decision.k if decision is not None else budget
             proposal, fallback, propose_ms = Proposal(()), "", None
             if k > 0:

@@ -8,8 +8,11 @@ repeats, after a ``--context``-token prefill) for
   * eager    transformers as loaded (nn.Linear -> F.linear -> MKL, sdpa attention);
   * hf-fast  transformers' forward with oneDNN on packed weights + row-wise attention (the verifier's
              path for models the static decoder cannot run; its Llama path before the static decoder);
-  * static   ``verifier_service.static_decoder`` with oneDNN and exact rows (the Target default);
-  * static-batched  the same with a block's rows in one SDPA call (``--exact-rows off``);
+  * static-torch  ``verifier_service.static_decoder`` with oneDNN, exact rows, torch ops for attention and glue;
+  * static   the same with the C attention and glue (``verifier_service.native``);
+  * static-gguf  the same on the GGUF file's blocks (``gguf_linear``; the Target default for a Q4_1 GGUF
+             target where the C kernels build);
+  * static-batched  static with a block's rows in one SDPA call (``--exact-rows off``);
   * gemm-mkl / gemm-onednn  the model's linear layers alone, once each;
 every configuration measured in turn within each repeat, so a change in load hits all alike. Also the
 max |logit| difference against eager and whether each path's rows are bit-identical across widths.
@@ -105,7 +108,8 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=300, help="cached tokens before each timed forward")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--profile", type=int, default=0, help="also profile one forward of this block width, eager, "
-                   "hf-fast and static, and print where its time goes by op class (torch profiler, self CPU time)")
+                   "hf-fast and static-torch, and print where its time goes by op class (torch profiler, self CPU "
+                   "time; the C kernels of static and static-gguf are invisible to it)")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -141,8 +145,20 @@ def main(argv=None) -> int:
         use_rowwise_attention(model, name == "hf-fast")
 
     configure("eager")
-    static = StaticDecoder(model, gemm=fl.ONEDNN)              # the model's own weights, packed again
+    static_torch = StaticDecoder(model, gemm=fl.ONEDNN, native_ops=False)   # the model's own weights, packed again
+    static = StaticDecoder(model, gemm=fl.ONEDNN)
     static_batched = StaticDecoder(model, gemm=fl.ONEDNN, exact_rows=False)
+    from verifier_service import gguf_linear
+
+    static_gguf = None
+    if loc.gguf_file and gguf_linear.library() is not None:
+        try:
+            static_gguf = StaticDecoder(model, gemm="gguf", gguf_path=str(loc.directory / loc.gguf_file))
+        except ValueError as e:
+            print(f"static-gguf not measured: {e}", file=sys.stderr)
+    else:
+        print(f"static-gguf not measured: {gguf_linear.unavailable_reason() or 'the target is not a GGUF file'}",
+              file=sys.stderr)
 
     class HF:                       # (new cache, feed ids -> logits [n, V], crop the last w) per configuration
         def __init__(self, name):
@@ -174,15 +190,18 @@ def main(argv=None) -> int:
         def crop(cache, w):
             cache.crop(-w)
 
-    runners = {"eager": HF("eager"), "hf-fast": HF("hf-fast"), "static": Static(static),
-               "static-batched": Static(static_batched)}
+    runners = {"eager": HF("eager"), "hf-fast": HF("hf-fast"), "static-torch": Static(static_torch),
+               "static": Static(static), "static-batched": Static(static_batched)}
+    if static_gguf is not None:
+        runners["static-gguf"] = Static(static_gguf)
     n_ctx = max(1, min(args.context, int(getattr(model.config, "max_position_embeddings", 2048)) - widths[-1] - 1))
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = [(7 * i + 3) % vocab for i in range(n_ctx + widths[-1])]
     configs = list(runners)
     fwd = {(c, w): [] for c in configs for w in widths}
     prefill = {c: [] for c in configs}
-    gemm = {(k, w): [] for k in fl.KERNELS for w in widths}
+    kernels = fl.KERNELS + (("gguf",) if static_gguf is not None else ())
+    gemm = {(k, w): [] for k in kernels for w in widths}
     gen = torch.Generator().manual_seed(0)
     inputs = {(r, k): torch.randn(r, k, generator=gen) for r in widths for k in {w.shape[1] for w, _ in weights}}
     logits = {}
@@ -208,6 +227,8 @@ def main(argv=None) -> int:
                     dt = fl.time_gemms(weights, packed, k, w, inputs)
                     if rep:
                         gemm[(k, w)].append(dt)
+                if static_gguf is not None and rep:
+                    gemm[("gguf", w)].append(static_gguf._time_linears([w], repeats=1)[w])
     configure("eager")
 
     def cell(xs):
@@ -221,14 +242,15 @@ def main(argv=None) -> int:
           "per forward (every weight read once)")
     print(f"- prefill of {n_ctx} tokens: " + ", ".join(f"{c} {cell(prefill[c])}" for c in configs))
     print()
-    print("| width | floor | eager (MKL) | hf-fast | static | static-batched | GEMMs MKL | GEMMs oneDNN | "
-          "spread eager / static |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    names = {"eager": "eager (MKL)"}
+    print("| width | floor | " + " | ".join(names.get(c, c) for c in configs) + " | "
+          + " | ".join(f"GEMMs {k}" for k in kernels) + " | spread eager / static |")
+    print("|---|---|" + "---|" * (len(configs) + len(kernels) + 1))
     for w in widths:
         spread = " / ".join(f"{(max(fwd[(c, w)]) - min(fwd[(c, w)])) / statistics.median(fwd[(c, w)]) * 100:.0f}%"
                             for c in ("eager", "static"))
         print(f"| {w} | {floor_ms:.1f} | " + " | ".join(cell(fwd[(c, w)]) for c in configs)
-              + f" | {cell(gemm[('mkl', w)])} | {cell(gemm[('onednn', w)])} | {spread} |")
+              + " | " + " | ".join(cell(gemm[(k, w)]) for k in kernels) + f" | {spread} |")
     print()
     top = widths[-1]
     diffs = {c: max(float((logits[(c, w)] - logits[("eager", w)]).abs().max()) for w in widths) for c in configs[1:]}
@@ -237,9 +259,11 @@ def main(argv=None) -> int:
         print()
         print(f"Where one forward of width {args.profile} goes (self CPU ms, torch profiler, median of 3):")
         print()
-        print("| op class | eager (MKL) | hf-fast | static |")
-        print("|---|---|---|---|")
-        rows = {c: profile_by_class(runners[c], ids, n_ctx, args.profile) for c in ("eager", "hf-fast", "static")}
+        # the C kernels (static, static-gguf) are invisible to torch's profiler: their wall times are above
+        profiled = ["eager", "hf-fast", "static-torch"]
+        print("| op class | " + " | ".join(names.get(c, c) for c in profiled) + " |")
+        print("|---|" + "---|" * len(profiled))
+        rows = {c: profile_by_class(runners[c], ids, n_ctx, args.profile) for c in profiled}
         for cls in OP_CLASSES + ("other",):
             print(f"| {cls} | " + " | ".join(f"{rows[c].get(cls, 0.0):.1f}" for c in rows) + " |")
         print("| total | " + " | ".join(f"{sum(rows[c].values()):.1f}" for c in rows) + " |")

@@ -186,11 +186,12 @@ def peer_sections(results: dict, cpu: str) -> list[str]:
         fig = _floor(w, bw)
         parts = []
         if fig.get("fp32"):
-            parts.append(f"fp32 weights as the verifier holds them ({fmt_bytes(fig['fp32']['bytes'])}, "
+            parts.append(f"fp32 weights, as the verifier's fp32 GEMMs read them ({fmt_bytes(fig['fp32']['bytes'])}, "
                          f"{w.get('parameters', 0) / 1e6:.0f} M parameters): {fig['fp32']['ms_per_token']:.1f} ms per "
                          f"token = **{fig['fp32']['tokens_per_s']:.1f} tokens/s at most** for plain decoding")
         if fig.get("gguf"):
-            parts.append(f"the GGUF tensors as llama.cpp reads them ({fmt_bytes(fig['gguf']['bytes'])}): "
+            parts.append(f"the GGUF tensors, as llama.cpp and the verifier's GGUF kernel (`--gemm gguf`, chosen by "
+                         f"'auto' where it measures faster) read them ({fmt_bytes(fig['gguf']['bytes'])}): "
                          f"{fig['gguf']['ms_per_token']:.1f} ms = **{fig['gguf']['tokens_per_s']:.0f} tokens/s**")
         L.append("- **Floor** (every weight read once per token, at the read bandwidth measured in this run: "
                  + " and ".join(f"{b['gb_per_s']:.1f} GB/s {k}" for k, b in (("before", fl.get("bandwidth_before")),
@@ -198,7 +199,8 @@ def peer_sections(results: dict, cpu: str) -> list[str]:
                                 if b and b.get("gb_per_s"))
                  + f" the timed phase, {bw.get('threads')} thread(s), {bw.get('method')}; the better one used), "
                  f"CPU {cpu}: " + ("; ".join(parts) or f"the weights' size is unknown ({w.get('note', '?')})")
-                 + ". Speculation can beat this floor (several tokens per weight read); plain decoding cannot.")
+                 + ". Speculation can beat a floor (several tokens per weight read); plain decoding cannot beat "
+                 "the floor of the bytes it reads.")
     elif fl:
         L.append(f"- Floor: not measured ({(fl.get('bandwidth_before') or {}).get('error', 'no bandwidth figure')}).")
     L.append("")
