@@ -579,7 +579,8 @@ class DraftLengthPolicy:
     grows steeply with width; longer on a slow link, where a short block cannot pay for the trip).
     A probe wins when the probes' realized tokens/ms (decayed by ``probe_decay``, so one lucky block
     does not count as a trend) beats the expected plain tokens/ms: a win resets the interval to
-    ``probe_every``, a loss doubles it up to ``probe_cap`` -- and never beyond what the probe costs:
+    ``probe_every`` (as does a block the choice itself picked that beats a plain step; one that loses,
+    e.g. on a lookup match that was wrong, leaves the schedule alone), a loss doubles it up to ``probe_cap`` -- and never beyond what the probe costs:
     a probe that is refused whole costs its extra milliseconds over a plain step (expected_ms(k) /
     expected_ms(0) - 1), so the interval stays at most that extra / ``probe_budget``, keeping the
     worst-case loss to probing near ``probe_budget`` of plain throughput. Where verifying a short
@@ -605,6 +606,7 @@ class DraftLengthPolicy:
     last: Decision | None = field(init=False, default=None)
     probe_decay: float = 0.5            # weight of earlier probes in the probes' realized tokens/ms
     _probe_plain_rate: float | None = field(init=False, default=None)
+    _spec_plain_rate: float | None = field(init=False, default=None)   # a chosen (not probe) block in flight
     _probe_cap_now: int = field(init=False, default=0)    # the interval's cost bound for the probe in flight
     _probe_tokens: float = field(init=False, default=0.0)
     _probe_ms: float = field(init=False, default=0.0)
@@ -616,7 +618,7 @@ class DraftLengthPolicy:
 
     def next_k(self, k_max: int, lookup_available: int = 0, lookup_ngram: int = 0) -> Decision:
         k_max = max(0, int(k_max))
-        self._probe_plain_rate = None
+        self._probe_plain_rate = self._spec_plain_rate = None
         self.lookup_predicted = max(0, int(lookup_available))
         self.lookup_ngram = max(0, int(lookup_ngram)) if self.lookup_predicted else 0
         if self.pinned is not None:
@@ -630,9 +632,10 @@ class DraftLengthPolicy:
             d = choose_k(self.cost, self.acceptance, min(k_max, self.k_cap), lookup_available, self.lookup_ngram)
             if d.k > 0 or k_max == 0:
                 self.plain_streak = 0
-                if d.k > 0:
-                    self.interval = self.probe_every
-                    self._probe_tokens = self._probe_ms = 0.0
+                if d.k > 0 and d.candidates:
+                    # the probe schedule resets only if this round wins against a plain step (observe):
+                    # a session that speculates now and then on a lookup match is not a winning one
+                    self._spec_plain_rate = d.candidates[0].tokens_per_ms
             else:
                 self.plain_streak += 1
                 if self.plain_streak >= self.interval:
@@ -655,6 +658,11 @@ class DraftLengthPolicy:
         self.acceptance.observe(fig)
         if fig.width == 0 and self.relax:
             self.acceptance.relax(self.relax)
+        if self._spec_plain_rate is not None:
+            if (fig.accepted + 1) / max(1e-9, fig.round_ms) >= self._spec_plain_rate:
+                self.interval = self.probe_every
+                self._probe_tokens = self._probe_ms = 0.0
+            self._spec_plain_rate = None
         if self._probe_plain_rate is not None:
             self._probe_tokens = self.probe_decay * self._probe_tokens + fig.accepted + 1
             self._probe_ms = self.probe_decay * self._probe_ms + max(1e-9, fig.round_ms)

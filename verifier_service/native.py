@@ -74,9 +74,16 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     digest = hashlib.sha256(" ".join(CFLAGS).encode() + torch.__version__.encode())
     for src in SOURCES + HEADERS:
         digest.update(src.read_bytes())
-    target = _cache_dir() / f"tandem_kernels-{digest.hexdigest()[:16]}.so"
-    if not target.exists():
+    name = f"tandem_kernels-{digest.hexdigest()[:16]}.so"
+    target = _cache_dir() / name
+    try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(target.parent, os.W_OK) and not target.exists():
+            raise PermissionError(f"{target.parent} is not writable")
+    except OSError:        # a read-only home: build under the temporary directory instead
+        target = Path(tempfile.gettempdir()) / f"tandem-{os.getuid()}" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
         gomp_dir = Path(torch.__file__).parent / "lib"
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name

@@ -193,9 +193,10 @@ class StaticDecoder:
     """The forward of a Llama-family ``model`` (see the module docstring); build with ``StaticDecoder(model)``."""
 
     def __init__(self, model, *, gemm: str = "auto", widths: Iterable[int] = range(1, 10), exact_rows: bool = True,
-                 gguf_path: str | None = None):
+                 gguf_path: str | None = None, native_ops: bool = True):
         """``gemm``: "auto" (measure; with ``gguf_path``, the GGUF kernel competes too), "gguf", "onednn" or
-        "mkl". ``gguf_path``: the file the model was loaded from, whose blocks the "gguf" kernel reads."""
+        "mkl". ``gguf_path``: the file the model was loaded from, whose blocks the "gguf" kernel reads.
+        ``native_ops``: attention and row-wise glue in C where the kernels build (False: torch ops, to compare)."""
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(f"the static decoder cannot run this model: {reason}")
@@ -218,8 +219,9 @@ class StaticDecoder:
         self.layers = list(self.linears.layers)
         # exact-rows attention in one C call per layer (native.row_attention) and the row-wise glue (norms,
         # rope + cache store, SiLU product) in C, where the kernels build here; torch ops otherwise
-        self._row_attention = native.library() if self.head_dim % 16 == 0 else None
-        self._glue = native.library() if self.head_dim % 2 == 0 else None
+        lib = native.library() if native_ops else None
+        self._row_attention = lib if self.head_dim % 16 == 0 else None
+        self._glue = lib if self.head_dim % 2 == 0 else None
         self.gguf_bytes = 0
         packs, why_not = self._gguf_packs(gguf_path) if gemm in ("auto", GGUF) else (None, "")
         if gemm == GGUF:

@@ -474,7 +474,7 @@ def test_lookup_acceptance_is_learned_per_match_length_and_decides_k():
     assert 0.6 < session.lookup_acceptance() < 0.9     # pooled per token: 1 rejected, 3 accepted a pair of blocks
     cost = cost_model({w: 9.2 * (1 + 0.17 * w) for w in range(9)}, draft_per_token=0.7, plain_oh=1.5, spec_oh=3.2)
     assert choose_k(cost, session, 8, lookup_available=3, lookup_ngram=1).k == 0
-    assert choose_k(cost, session, 8, lookup_available=3, lookup_ngram=4).k == 3
+    assert choose_k(cost, session, 8, lookup_available=3, lookup_ngram=4).k >= 3   # the copies (+ model tokens)
     table = session.table()
     assert table["a_lookup_n1"] < 0.05 and table["a_lookup_n4"] > 0.95
 
