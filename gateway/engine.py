@@ -98,6 +98,7 @@ class Gateway:
         if target_info.verify_ms_by_width:
             self.cost.seed(target_info.verify_ms_by_width)
         self.acceptance = {True: AcceptanceEstimator(alpha=0.02), False: AcceptanceEstimator(alpha=0.02)}
+        self.probe_schedule: dict[bool, dict] = {True: {}, False: {}}     # shared by auto requests (draft_length)
         self.metrics = GatewayMetrics()         # Prometheus registry, served by --metrics-port
         self.metrics.watch(self.status)
         self._drafter_info: ModelInfo | None = None
@@ -229,7 +230,7 @@ class Gateway:
         gateway's measured costs and this session's acceptance (starting from the gateway-wide figures)."""
         prior = self.acceptance[sampling.greedy]
         return DraftLengthPolicy(self.cost, AcceptanceEstimator(prior=prior), pinned=pinned or None,
-                                 k_cap=self.config.auto_max_draft_length)
+                                 k_cap=self.config.auto_max_draft_length, shared=self.probe_schedule[sampling.greedy])
 
     def draft_confidence(self, params: GenerateParams) -> float:
         """The confidence stop of a request: its own value, else the gateway's default."""
