@@ -29,25 +29,41 @@ int gguf_gemm_abi(void) { return 1; }
 
 static inline float hsum(__m512 lo, __m512 hi) { return _mm512_reduce_add_ps(_mm512_add_ps(lo, hi)); }
 
-void gguf_q4_1_gemm(const float *x, int64_t rows, int64_t in, const float *d, const float *m, const uint8_t *qs,
-                    int64_t out, const float *bias, float *y, int threads) {
+enum { KIND_Q4_1, KIND_Q8_0 };
+
+/* The 32 weights of block b of output row o, as two vectors (elements 0-15, 16-31). */
+static inline __attribute__((always_inline)) void block_weights(int kind, const float *d, const float *m,
+                                                                const void *qs, int64_t o, int64_t nb, int64_t b,
+                                                                __m512 *wl, __m512 *wh) {
+    const __m512 vd = _mm512_set1_ps(d[o * nb + b]);
+    if (kind == KIND_Q4_1) {
+        /* the block's 16 possible weights, (d * q) + m for q = 0..15 as gguf-py computes them; each weight
+           is then a lookup (vpermps reads the low 4 bits of each index: no masking) */
+        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512 table = _mm512_add_ps(_mm512_mul_ps(vd, iota), _mm512_set1_ps(m[o * nb + b]));
+        const __m128i q = _mm_loadu_si128((const __m128i *)((const uint8_t *)qs + (o * nb + b) * 16));
+        *wl = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(q), table);
+        *wh = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_srli_epi16(q, 4)), table);
+    } else {                                                   /* q * d, as gguf-py */
+        const int8_t *q = (const int8_t *)qs + (o * nb + b) * 32;
+        *wl = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), vd);
+        *wh = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))), vd);
+    }
+}
+
+static inline __attribute__((always_inline)) void gemm(int kind, const float *x, int64_t rows, int64_t in,
+                                                       const float *d, const float *m, const void *qs, int64_t out,
+                                                       const float *bias, float *y, int threads) {
     const int64_t nb = in / 32;
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t o = 0; o < out; o++) {
-        const float *dr = d + o * nb, *mr = m + o * nb;
-        const uint8_t *qr = qs + o * nb * 16;
         for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
             const int n = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
             __m512 lo[ROWS], hi[ROWS];
             for (int r = 0; r < ROWS; r++) { lo[r] = _mm512_setzero_ps(); hi[r] = _mm512_setzero_ps(); }
             for (int64_t b = 0; b < nb; b++) {
-                /* the block's 16 possible weights, (d * q) + m for q = 0..15 as gguf-py computes them; each
-                   weight is then a lookup (vpermps reads the low 4 bits of each index: no masking) */
-                const __m512 table = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(dr[b]), iota), _mm512_set1_ps(mr[b]));
-                const __m128i q = _mm_loadu_si128((const __m128i *)(qr + b * 16));
-                const __m512 wl = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(q), table);
-                const __m512 wh = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_srli_epi16(q, 4)), table);
+                __m512 wl, wh;
+                block_weights(kind, d, m, qs, o, nb, b, &wl, &wh);
                 for (int r = 0; r < n; r++) {
                     const float *xr = x + (r0 + r) * in + b * 32;
                     lo[r] = _mm512_fmadd_ps(wl, _mm512_loadu_ps(xr), lo[r]);
@@ -60,31 +76,12 @@ void gguf_q4_1_gemm(const float *x, int64_t rows, int64_t in, const float *d, co
     }
 }
 
+void gguf_q4_1_gemm(const float *x, int64_t rows, int64_t in, const float *d, const float *m, const uint8_t *qs,
+                    int64_t out, const float *bias, float *y, int threads) {
+    gemm(KIND_Q4_1, x, rows, in, d, m, qs, out, bias, y, threads);
+}
+
 void gguf_q8_0_gemm(const float *x, int64_t rows, int64_t in, const float *d, const int8_t *qs,
                     int64_t out, const float *bias, float *y, int threads) {
-    const int64_t nb = in / 32;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t o = 0; o < out; o++) {
-        const float *dr = d + o * nb;
-        const int8_t *qr = qs + o * nb * 32;
-        for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
-            const int n = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
-            __m512 lo[ROWS], hi[ROWS];
-            for (int r = 0; r < ROWS; r++) { lo[r] = _mm512_setzero_ps(); hi[r] = _mm512_setzero_ps(); }
-            for (int64_t b = 0; b < nb; b++) {
-                const __m512 vd = _mm512_set1_ps(dr[b]);
-                const __m512 wl = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                    _mm_loadu_si128((const __m128i *)(qr + b * 32)))), vd);           /* q * d, as gguf-py */
-                const __m512 wh = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                    _mm_loadu_si128((const __m128i *)(qr + b * 32 + 16)))), vd);
-                for (int r = 0; r < n; r++) {
-                    const float *xr = x + (r0 + r) * in + b * 32;
-                    lo[r] = _mm512_fmadd_ps(wl, _mm512_loadu_ps(xr), lo[r]);
-                    hi[r] = _mm512_fmadd_ps(wh, _mm512_loadu_ps(xr + 16), hi[r]);
-                }
-            }
-            for (int r = 0; r < n; r++)
-                y[(r0 + r) * out + o] = hsum(lo[r], hi[r]) + (bias ? bias[o] : 0.0f);
-        }
-    }
+    gemm(KIND_Q8_0, x, rows, in, d, NULL, qs, out, bias, y, threads);
 }
