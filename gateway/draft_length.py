@@ -105,15 +105,14 @@ class RoundFigures:
 
     @classmethod
     def from_outcome(cls, proposal, outcome, round_ms: float, propose_wall_ms: float | None = None,
-                     drafter_called: bool | None = None, lookup_predicted: int = 0,
-                     lookup_ngram: int = 0) -> "RoundFigures":
-        """From a ``tandem.types.Proposal`` and ``VerifyOutcome`` (duck-typed)."""
+                     drafter_called: bool | None = None) -> "RoundFigures":
+        """From a ``tandem.types.Proposal`` and ``VerifyOutcome`` (duck-typed). The lookup prediction
+        (``lookup_predicted``, ``lookup_ngram``) is the policy's: ``DraftLengthPolicy.observe`` adds it."""
         tokens = tuple(proposal.tokens)
         return cls(width=len(tokens), accepted=int(outcome.accepted), verify_ms=float(outcome.compute_ms),
                    round_ms=float(round_ms), draft_ms=float(proposal.compute_ms),
                    from_lookup=tuple(bool(getattr(t, "from_lookup", False)) for t in tokens),
-                   drafter_called=drafter_called, propose_wall_ms=propose_wall_ms,
-                   lookup_predicted=int(lookup_predicted), lookup_ngram=int(lookup_ngram))
+                   drafter_called=drafter_called, propose_wall_ms=propose_wall_ms)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -580,7 +579,8 @@ class DraftLengthPolicy:
     A probe wins when the probes' realized tokens/ms (decayed by ``probe_decay``, so one lucky block
     does not count as a trend) beats the expected plain tokens/ms: a win resets the interval to
     ``probe_every`` (as does a block the choice itself picked that beats a plain step; one that loses,
-    e.g. on a lookup match that was wrong, leaves the schedule alone), a loss doubles it up to ``probe_cap`` -- and never beyond what the probe costs:
+    e.g. on a lookup match that was wrong, leaves the schedule alone), a loss doubles it up to
+    ``probe_cap`` -- and never beyond what the probe costs:
     a probe that is refused whole costs its extra milliseconds over a plain step (expected_ms(k) /
     expected_ms(0) - 1), so the interval stays at most that extra / ``probe_budget``, keeping the
     worst-case loss to probing near ``probe_budget`` of plain throughput. Where verifying a short

@@ -69,8 +69,9 @@ class _DraftLengthCollector:
             cost.add_metric([name], float(value))
         yield cost
         acceptance = GaugeMetricFamily("tandem:acceptance_estimate", "Gateway-wide conditional acceptance per "
-                                       "draft position (a1, a2, ...; a_lookup for prompt-lookup tokens; lookup_yield: the share of "
-                                       "the lookup tokens the gateway predicted that the drafter sent as lookup copies).",
+                                       "draft position (a1, a2, ...; a_lookup for prompt-lookup tokens, a_lookup_nN "
+                                       "for those found by an N-token match; lookup_yield: the share of the lookup "
+                                       "tokens the gateway predicted that the drafter sent as lookup copies).",
                                        labels=["sampling", "position"])
         for mode in ("greedy", "sampled"):
             for name, value in status[f"acceptance_{mode}"].items():

@@ -226,7 +226,8 @@ def print_status(address: str, timeout: float) -> None:
     print("  verify ms by block width: " + "  ".join(f"{w}: {cost[f'verify_ms_w{w}']:.1f}" for w in widths))
     print("  " + "  ".join(f"{k} {v:.2f}" for k, v in cost.items() if not k.startswith("verify_ms_w")))
     for mode, table in (("greedy", st.acceptance_greedy), ("sampled", st.acceptance_sampled)):
-        order = sorted(table, key=lambda k: (0, int(k[1:]), "") if k[1:].isdigit() else (1, 0, k))   # a1.., a_lookup, lookup_yield
+        # a1, a2, ... in order, then a_lookup, a_lookup_n1.., lookup_yield
+        order = sorted(table, key=lambda k: (0, int(k[1:]), "") if k[1:].isdigit() else (1, 0, k))
         print(f"  acceptance ({mode}): " + "  ".join(f"{k} {table[k]:.2f}" for k in order))
 
 

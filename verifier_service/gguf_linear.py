@@ -8,8 +8,6 @@ the summation order differs from another GEMM (as between MKL and oneDNN). Every
 the same code: a row's result does not depend on the block width or the thread count.
 
 Pieces:
-  * ``library()``: the kernel (``verifier_service.native``: compiled on first use), or None with the reason
-    (``unavailable_reason()``): not Linux x86-64 with AVX-512, no ``cc``, a failed build.
   * ``GgufWeights``: the file's tensors by name, and ``rows_for(weight, names)``: the packed blocks of a
     model weight, found by comparing dequantized rows with the model's (transformers permutes q/k rows
     for rope: the permutation is recovered, not assumed), or None when they are not the same numbers.
@@ -23,7 +21,6 @@ Measured on the 2-core AMD EPYC, all 211 linears of SmolLM2-135M: width 1/2/3/5/
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,20 +31,8 @@ from torch import nn
 
 from verifier_service import native
 
-log = logging.getLogger(__name__)
-
 Q4_1, Q8_0 = "Q4_1", "Q8_0"
 BLOCK = 32
-
-
-# ---- the compiled kernel ---------------------------------------------------------------------------
-def library():
-    return native.library()
-
-
-def unavailable_reason() -> str:
-    """'' when the kernel runs here; otherwise why not (for the verifier's start-up line)."""
-    return native.unavailable_reason()
 
 
 # ---- the file's blocks -----------------------------------------------------------------------------
@@ -111,9 +96,6 @@ class GgufWeights:
                 inner, out = (int(s) for s in t.shape)                  # GGUF lists [in, out]
                 self._tensors[t.name] = (kind, out, inner, np.asarray(t.data))
 
-    def names(self) -> list[str]:
-        return list(self._tensors)
-
     def rows_for(self, weight: torch.Tensor, name: str) -> tuple[Packed | None, str]:
         """The packed blocks of ``weight`` [out, in] from tensor ``name``, rows in the model's order;
         (None, why) when the file has no such tensor or its numbers are not the weight's."""
@@ -127,16 +109,13 @@ class GgufWeights:
         w = weight.detach().float().contiguous()
         if torch.equal(values, w):
             return packed, ""
-        # transformers permutes some rows (q/k for rope): find each model row among the file's rows
+        # transformers permutes some rows (q/k for rope): find each model row among the file's rows (equal
+        # bytes: the reordered blocks dequantize to the model's weight exactly)
         index = {values[i].numpy().tobytes(): i for i in range(out)}
         order = [index.get(w[i].numpy().tobytes()) for i in range(out)]
         if any(i is None for i in order):
             return None, f"{name}'s dequantized rows are not the model's weight"
-        raw_rows = raw.reshape(out, -1)[np.asarray(order)]
-        packed = _split_blocks(kind, raw_rows, out, inner)
-        if not torch.equal(packed.dequantize(), w):
-            return None, f"{name}'s dequantized rows are not the model's weight"
-        return packed, ""
+        return _split_blocks(kind, raw.reshape(out, -1)[np.asarray(order)], out, inner), ""
 
 
 # ---- the module ------------------------------------------------------------------------------------
@@ -152,9 +131,9 @@ class GgufLinear(nn.Module):
     def __init__(self, packed: Packed, bias: torch.Tensor | None = None, wide: nn.Module | None = None):
         super().__init__()
         self.wide = wide
-        lib = library()
+        lib = native.library()
         if lib is None:
-            raise RuntimeError(f"the GGUF kernel is not available: {unavailable_reason()}")
+            raise RuntimeError(f"the GGUF kernel is not available: {native.unavailable_reason()}")
         self._lib = lib
         self.packed = packed
         self.in_features, self.out_features = packed.inner, packed.out

@@ -248,8 +248,8 @@ class StaticDecoder:
         """Every linear's weight as the file's blocks (same order as ``_modules``), or (None, why)."""
         if not path:
             return None, "the target was not loaded from a GGUF file"
-        if gguf_linear.library() is None:
-            return None, gguf_linear.unavailable_reason()
+        if native.library() is None:
+            return None, native.unavailable_reason()
         try:
             weights = gguf_linear.GgufWeights(path)
         except Exception as e:  # noqa: BLE001 - an unreadable file only means: not this kernel
@@ -288,7 +288,7 @@ class StaticDecoder:
             setattr(owner, attr, gguf_linear.GgufLinear(packed, getattr(old, "bias", None), wide=old))
         self.gguf_bytes = sum(p.nbytes for p in packs)
 
-    def _time_linears(self, widths: Sequence[int], repeats: int = 3) -> dict[int, float]:
+    def time_linears(self, widths: Sequence[int], repeats: int = 3) -> dict[int, float]:
         """Median ms of all linears at each width (random inputs)."""
         gen = torch.Generator().manual_seed(0)
         inputs = {w: {m.in_features: torch.randn(w, m.in_features, generator=gen)
@@ -306,14 +306,14 @@ class StaticDecoder:
 
     def _choose_gguf(self, packs) -> None:
         """'auto': keeps the GGUF kernel when its total over ``CHOICE_WIDTHS`` beats the measured fp32 choice."""
-        fp32 = self._time_linears(CHOICE_WIDTHS)
+        fp32 = self.time_linears(CHOICE_WIDTHS)
         previous = [getattr(o, a) for o, a in self._modules()]
         self._install_gguf(packs)
-        quant = self._time_linears(CHOICE_WIDTHS)
+        quant = self.time_linears(CHOICE_WIDTHS)
         table = ", ".join(f"w{w} {quant[w]:.1f}/{fp32[w]:.1f}" for w in CHOICE_WIDTHS)
         if sum(quant.values()) < sum(fp32.values()):
             self.gemm, self.gemm_choice = GGUF, None
-            self.gemm_note = (f"measured: GGUF blocks {self.gguf_bytes / 1e6:.0f} MB, ms gguf/{'fp32'} {table}")
+            self.gemm_note = f"measured: GGUF blocks {self.gguf_bytes / 1e6:.0f} MB, ms gguf/fp32 {table}"
             return
         for (owner, attr), module in zip(self._modules(), previous):
             setattr(owner, attr, module)
@@ -351,6 +351,10 @@ class StaticDecoder:
         return StaticKVCache(len(self.layers), self.kv_heads, self.head_dim, self.max_length)
 
     # ---- the forward -------------------------------------------------------------------------
+    def _row_by_row(self, n: int) -> bool:
+        """Whether a forward of n rows attends row by row (exact rows) rather than in one masked SDPA call."""
+        return n <= ROW_BY_ROW_MAX and (self.exact_rows or n == 1)
+
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = self.head_dim // 2                                       # x [n, heads, head_dim]
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -403,7 +407,7 @@ class StaticDecoder:
         cos = self._cos[start:start + n, None]                                          # [n, 1, D]
         sin = self._sin[start:start + n, None]
         qk_width = (self.heads + self.kv_heads) * self.head_dim
-        row_by_row = n <= ROW_BY_ROW_MAX and (self.exact_rows or n == 1)
+        row_by_row = self._row_by_row(n)
         for index, layer in enumerate(self.layers):
             kv = cache.kv[index]                                                        # [2, KV, capacity, D]
             h = F.rms_norm(x, (x.shape[-1],), layer.norm1, layer.eps1)
@@ -428,7 +432,7 @@ class StaticDecoder:
         lib = self._glue
         n, hidden = x.shape
         H, KV, D = self.heads, self.kv_heads, self.head_dim
-        row_by_row = n <= ROW_BY_ROW_MAX and (self.exact_rows or n == 1)
+        row_by_row = self._row_by_row(n)
         cos, sin = self._cos[start:start + n], self._sin[start:start + n]                # [n, D], contiguous
         h = torch.empty_like(x)
         xp, hp = x.data_ptr(), h.data_ptr()

@@ -16,7 +16,8 @@ measurement at start-up (``verifier_service.fast_linear``: oneDNN on pre-packed 
 verify-block rows attending row by row, so each row of a verify block is bit-identical to a plain step.
 Other models on CPU fp32 keep transformers' forward with the same GEMMs and row-wise attention
 (``verifier_service.forward``); ``gemm="mkl"`` (without ``decoder="static"``) is plain transformers.
-Prefill runs in chunks of ``prefill_chunk`` tokens, releasing the forward lock (a FIFO lock) between chunks, and stops at the next chunk once ``cancelled()``.
+Prefill runs in chunks of ``prefill_chunk`` tokens, releasing the forward lock (a FIFO lock) between
+chunks, and stops at the next chunk once ``cancelled()``.
 """
 
 from __future__ import annotations

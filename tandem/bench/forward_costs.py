@@ -148,16 +148,16 @@ def main(argv=None) -> int:
     static_torch = StaticDecoder(model, gemm=fl.ONEDNN, native_ops=False)   # the model's own weights, packed again
     static = StaticDecoder(model, gemm=fl.ONEDNN)
     static_batched = StaticDecoder(model, gemm=fl.ONEDNN, exact_rows=False)
-    from verifier_service import gguf_linear
+    from verifier_service import native
 
     static_gguf = None
-    if loc.gguf_file and gguf_linear.library() is not None:
+    if loc.gguf_file and native.library() is not None:
         try:
             static_gguf = StaticDecoder(model, gemm="gguf", gguf_path=str(loc.directory / loc.gguf_file))
         except ValueError as e:
             print(f"static-gguf not measured: {e}", file=sys.stderr)
     else:
-        print(f"static-gguf not measured: {gguf_linear.unavailable_reason() or 'the target is not a GGUF file'}",
+        print(f"static-gguf not measured: {native.unavailable_reason() or 'the target is not a GGUF file'}",
               file=sys.stderr)
 
     class HF:                       # (new cache, feed ids -> logits [n, V], crop the last w) per configuration
@@ -228,7 +228,7 @@ def main(argv=None) -> int:
                     if rep:
                         gemm[(k, w)].append(dt)
                 if static_gguf is not None and rep:
-                    gemm[("gguf", w)].append(static_gguf._time_linears([w], repeats=1)[w])
+                    gemm[("gguf", w)].append(static_gguf.time_linears([w], repeats=1)[w])
     configure("eager")
 
     def cell(xs):

@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from tandem.types import DraftToken, SamplingParams
-from verifier_service import gguf_linear, static_decoder
+from verifier_service import gguf_linear, native, static_decoder
 from verifier_service.target import Target
 
-pytestmark = pytest.mark.skipif(gguf_linear.library() is None,
-                                reason=f"GGUF kernel unavailable: {gguf_linear.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(native.library() is None,
+                                reason=f"GGUF kernel unavailable: {native.unavailable_reason()}")
 
 PARTS = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
          "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}

@@ -14,7 +14,8 @@ from verifier_service import native
 from verifier_service.kv_cache import TargetSession
 from verifier_service.target import Target
 
-pytestmark = pytest.mark.skipif(native.library() is None, reason=f"C kernels unavailable: {native.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(native.library() is None,
+                                reason=f"C kernels unavailable: {native.unavailable_reason()}")
 
 
 def attend(q, kv, start, heads, kv_heads, d, scale, threads=1):
