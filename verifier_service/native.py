@@ -28,8 +28,10 @@ import torch
 
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("gguf_gemm.c", "row_attention.c", "layer_ops.c"))
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("simd_exp.h",))
-CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC",
-          "-shared")
+# -fno-tree-loop-distribute-patterns: gcc turned the zeroing of a kernel's accumulator array into a
+# `rep stosq` memset per output row (204 672 calls a forward: +20 % at width 8, measured)
+CFLAGS = ("-O3", "-fno-tree-loop-distribute-patterns", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma",
+          "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 REQUIRED_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "fma"}
 
 
