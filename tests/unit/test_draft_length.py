@@ -508,3 +508,29 @@ def test_policy_records_the_match_length_of_its_prediction():
     policy.next_k(2, lookup_available=2, lookup_ngram=2)
     policy.observe(RoundFigures(width=2, accepted=0, verify_ms=11.0, round_ms=12.0, from_lookup=(True, True)))
     assert gateway._lookup_by_n[2].t == 1 and gateway._lookup_by_n[1].t == 0
+
+
+def test_probe_budget_counts_what_a_probe_cost_not_what_was_predicted():
+    """A probe after a plain streak also pays the drafter's catch-up on the tokens it missed, which the
+    gateway-wide cost model (kept cheap by sessions that speculate every round) does not predict: the
+    budget must bound the measured cost. Session A never pays (its probes take 16.5 ms against a 10.1 ms
+    plain round: 63 % extra, so ceil(0.63 / 0.02) = 32 plain rounds between probes); session B, sharing
+    the cost model, drafts cheaply every round."""
+    cost = cost_model({0: 10.0, 1: 10.3, 2: 10.6}, draft_per_token=0.1, plain_oh=0.1, spec_oh=0.2)
+    a = DraftLengthPolicy(cost, AcceptanceEstimator(default=0.001, prior_weight=50.0), probe_every=4,
+                          probe_cap=64, probe_budget=0.02)
+    b = DraftLengthPolicy(cost, AcceptanceEstimator(default=0.99, prior_weight=50.0))
+    probes = []
+    for rnd in range(1, 600):
+        d = a.next_k(8)
+        if d.reason == "probe":
+            probes.append(rnd)
+            a.observe(RoundFigures(width=d.k, accepted=0, verify_ms=10.3, draft_ms=6.0, round_ms=16.5))
+        else:
+            a.observe(plain_round())
+        d = b.next_k(2)
+        assert d.k == 2
+        b.observe(RoundFigures(width=2, accepted=2, verify_ms=10.6, draft_ms=0.2, round_ms=11.0))
+    assert a.interval == 32
+    late = [p for p in probes if p > 300]
+    assert late and all(y - x == 32 for x, y in zip(late, late[1:]))     # a probe every 32nd round
