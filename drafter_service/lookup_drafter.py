@@ -12,16 +12,12 @@ cannot score leaves lookup unchecked. Exact: see drafter_service.lookup.
 
 from __future__ import annotations
 
+import dataclasses
+
 from drafter_service.drafter import ContextDrafter, DraftState
 from drafter_service.lookup import checked_length, find_lookup
-from tandem.types import DraftToken, ModelInfo, SamplingParams
-
-
-def lookup_tokens(ids: list[int], sampling: SamplingParams) -> list[DraftToken]:
-    """Lookup tokens as proposals: q is a point mass on each."""
-    if sampling.greedy:
-        return [DraftToken(t, from_lookup=True) for t in ids]
-    return [DraftToken(t, (t,), (1.0,), from_lookup=True) for t in ids]
+from tandem.lookup import lookup_proposal as lookup_tokens
+from tandem.types import DraftToken, LookupRule, ModelInfo, SamplingParams
 
 
 class LookupDrafter(ContextDrafter):
@@ -41,10 +37,18 @@ class LookupDrafter(ContextDrafter):
         self.max_ngram, self.min_ngram = int(max_ngram), max(1, int(min_ngram))
         self.trust_ngram = int(trust_ngram)
         self.check_confidence = float(check_confidence)
+        self._info: tuple[ModelInfo, ModelInfo] | None = None       # (inner's info, with the lookup rule)
 
     @property
     def info(self) -> ModelInfo:
-        return self.inner.info
+        """The inner drafter's, with this lookup's rule (the gateway predicts and copies with it)."""
+        inner = self.inner.info
+        if not self.max_ngram:
+            return inner
+        if self._info is None or self._info[0] is not inner:
+            trust = self.trust_ngram if self.inner.can_check else 1   # unchecked when the model cannot score
+            self._info = (inner, dataclasses.replace(inner, lookup=LookupRule(self.max_ngram, self.min_ngram, trust)))
+        return self._info[1]
 
     @property
     def can_check(self) -> bool:

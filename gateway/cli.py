@@ -22,6 +22,9 @@ def configure(p) -> None:
          "(0 = always k; requests may set their own)")
     flag(p, "max-tokens-limit", 4096, int, help="largest max_tokens a request may ask for")
     flag(p, "no-speculation", help="decode with the target alone by default (the baseline)", cast=bool)
+    flag(p, "no-local-lookup", help="always ask the drafter, also for a block that prompt lookup over the "
+         "sequence supplies whole (by default the gateway copies such a block itself: the same tokens, no "
+         "round trip to the drafter)", cast=bool)
     flag(p, "wait", 300.0, float, help="seconds to wait for the verifier at start")
     flag(p, "max-concurrent-requests", 64, int, help="requests served at once; more are refused at once with "
          "RESOURCE_EXHAUSTED (0: no limit)")
@@ -50,7 +53,8 @@ async def run(args) -> int:
                            max_tokens_limit=args.max_tokens_limit,
                            no_speculation=args.no_speculation,
                            max_concurrent_requests=args.max_concurrent_requests,
-                           drafter_retry_max_s=args.drafter_retry_max)
+                           drafter_retry_max_s=args.drafter_retry_max,
+                           local_lookup=not args.no_local_lookup)
     gateway = await connect_gateway(args.verifier, args.drafter or None, config, wait_s=args.wait,
                                     interceptors=tracing.client_interceptors(),
                                     drafter_timeout_s=args.drafter_timeout, verifier_timeout_s=args.verifier_timeout)

@@ -293,6 +293,11 @@ class CostModel:
             return self.verify_ms(0) + self.plain_overhead_ms
         return self.draft_ms(k, lookup_tokens) + self.verify_ms(k) + self.speculative_overhead_ms
 
+    def local_lookup_ms(self, k: int) -> float:
+        """Expected wall ms of a round whose block of k the gateway copies by prompt lookup itself: no
+        drafter call, so no draft time and no round trip to the drafter."""
+        return self.verify_ms(k) + self.plain_overhead_ms
+
     def table(self, max_width: int = 8) -> dict[str, float]:
         """Plain figures for display and Prometheus gauges."""
         out = {f"verify_ms_w{w}": round(self.verify_ms(w), 4) for w in range(max_width + 1)}
@@ -525,7 +530,7 @@ class Decision:
 
 
 def _candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[int],
-                lookup_available: int, lookup_ngram: int = 0) -> tuple[Candidate, ...]:
+                lookup_available: int, lookup_ngram: int = 0, local_lookup: bool = False) -> tuple[Candidate, ...]:
     lookup = max(0, int(lookup_available))
     model = acceptance.model_acceptances(max(ks, default=0))
     a_lookup = acceptance.lookup_acceptance(lookup_ngram)
@@ -536,7 +541,9 @@ def _candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[i
         n_lookup = min(lookup, k)
         tokens = expected_tokens(model[:k])
         ms = cost.expected_ms(k)
-        if n_lookup and y > 0:
+        if local_lookup and 0 < k <= lookup:        # the gateway copies the block itself (gateway.rounds)
+            tokens, ms = expected_tokens([a_lookup] * k), cost.local_lookup_ms(k)
+        elif n_lookup and y > 0:
             tokens = y * expected_tokens([a_lookup] * n_lookup + model[:k - n_lookup]) + (1 - y) * tokens
             ms = y * cost.expected_ms(k, n_lookup) + (1 - y) * ms
         ms = max(1e-9, ms)
@@ -545,15 +552,16 @@ def _candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[i
 
 
 def choose_k(cost: CostModel, acceptance: AcceptanceEstimator, k_max: int, lookup_available: int = 0,
-             lookup_ngram: int = 0) -> Decision:
+             lookup_ngram: int = 0, local_lookup: bool = False) -> Decision:
     """The k in 0..k_max with the most expected tokens per ms (ties: the smaller k).
 
     ``lookup_available``: how many tokens prompt lookup is expected to supply at the head of the block
     (the gateway can run the same lookup over the sequence it holds); they count with the lookup
     acceptance and the lookup cost; ``lookup_ngram``: the length of the n-gram they were found by (their
-    acceptance is learned per length)."""
+    acceptance is learned per length). ``local_lookup``: a block of k <= lookup_available is copied by
+    the gateway itself (no drafter call: ``CostModel.local_lookup_ms``), with certainty."""
     k_max = max(0, int(k_max))
-    cands = _candidates(cost, acceptance, range(k_max + 1), lookup_available, lookup_ngram)
+    cands = _candidates(cost, acceptance, range(k_max + 1), lookup_available, lookup_ngram, local_lookup)
     best = cands[0]
     for c in cands[1:]:
         if c.tokens_per_ms > best.tokens_per_ms * (1.0 + 1e-9):
@@ -626,21 +634,31 @@ class DraftLengthPolicy:
         if self.shared is not None:
             self.shared["interval"] = interval
 
-    def next_k(self, k_max: int, lookup_available: int = 0, lookup_ngram: int = 0) -> Decision:
+    def next_k(self, k_max: int, lookup_available: int = 0, lookup_ngram: int = 0,
+               local_lookup: bool = False) -> Decision:
+        """``lookup_available`` tokens prompt lookup copies at the block's head this round (found by an
+        ``lookup_ngram``-token match); ``local_lookup``: a block of at most that many is copied by the
+        gateway itself (gateway.rounds), without a drafter call."""
         k_max = max(0, int(k_max))
         self._probe_plain_rate = self._spec_plain_rate = None
         self.lookup_predicted = max(0, int(lookup_available))
         self.lookup_ngram = max(0, int(lookup_ngram)) if self.lookup_predicted else 0
         if self.pinned is not None:
             k = min(self.pinned, k_max)
-            c, = _candidates(self.cost, self.acceptance, (k,), lookup_available, self.lookup_ngram)
+            c, = _candidates(self.cost, self.acceptance, (k,), lookup_available, self.lookup_ngram, local_lookup)
             d = Decision(k, c.expected_tokens, c.expected_ms, c.tokens_per_ms, (c,), "pinned")
         elif not self.cost.ready and k_max > 0:
             k = min(self.fallback_k, k_max)
             d = Decision(k, float("nan"), float("nan"), float("nan"), (), "no-figures")
         else:
-            d = choose_k(self.cost, self.acceptance, min(k_max, self.k_cap), lookup_available, self.lookup_ngram)
-            if d.k > 0 or k_max == 0:
+            d = choose_k(self.cost, self.acceptance, min(k_max, self.k_cap), lookup_available, self.lookup_ngram,
+                         local_lookup)
+            # blocks the gateway copies itself (local lookup) are not the drafter's: they neither probe it
+            # nor, when they win, say that it pays
+            copied = lookup_available if local_lookup else 0
+            if 0 < d.k <= copied:
+                self.plain_streak += 1          # the drafter's probe schedule goes on
+            elif d.k > 0 or k_max == 0:
                 self.plain_streak = 0
                 if d.k > 0 and d.candidates:
                     # the probe schedule resets only if this round wins against a plain step (observe):
@@ -648,9 +666,10 @@ class DraftLengthPolicy:
                     self._spec_plain_rate = d.candidates[0].tokens_per_ms
             else:
                 self.plain_streak += 1
-                if self.plain_streak >= self.interval:
+                eligible = [c for c in d.candidates[1:min(self.probe_k_max, k_max) + 1] if c.k > copied]
+                if self.plain_streak >= self.interval and eligible:      # else: the next round probes
                     self.plain_streak = 0
-                    probe = max(d.candidates[1:min(self.probe_k_max, k_max) + 1], key=lambda c: c.tokens_per_ms)
+                    probe = max(eligible, key=lambda c: c.tokens_per_ms)
                     self._probe_plain_rate = d.candidates[0].tokens_per_ms
                     extra = probe.expected_ms / d.candidates[0].expected_ms - 1.0
                     self._probe_cap_now = (max(1, math.ceil(extra / self.probe_budget)) if math.isfinite(extra)
@@ -662,7 +681,8 @@ class DraftLengthPolicy:
         return d
 
     def observe(self, fig: RoundFigures) -> None:
-        if fig.width and not fig.lookup_predicted and self.lookup_predicted:
+        # the lookup yield is the drafter's: a block the gateway copied itself says nothing about it
+        if fig.width and fig.speculative and not fig.lookup_predicted and self.lookup_predicted:
             fig = dataclasses.replace(fig, lookup_predicted=self.lookup_predicted, lookup_ngram=self.lookup_ngram)
         self.cost.observe(fig)
         self.acceptance.observe(fig)

@@ -69,6 +69,7 @@ class GatewayConfig:
     drafter_retry_s: float = 1.0          # first wait before probing a failed drafter again (then doubling)
     drafter_retry_max_s: float = 15.0     # longest wait between probes of a failed drafter
     max_concurrent_requests: int = 64     # more at once are refused (RESOURCE_EXHAUSTED); 0: no limit
+    local_lookup: bool = True             # blocks prompt lookup supplies whole are copied here (gateway.rounds)
 
 
 def build_tokenizer(target_info: TargetInfo):
@@ -260,7 +261,9 @@ class Gateway:
                           sampling=params.sampling, k=k if drafter is not None else 0,
                           min_confidence=self.draft_confidence(params),
                           eos_token_ids=frozenset() if params.ignore_eos else frozenset(self.target.eos_token_ids),
-                          max_context=self.target.max_context, trace_context=telemetry.context_with(span))
+                          max_context=self.target.max_context, trace_context=telemetry.context_with(span),
+                          lookup=self._drafter_info.lookup if drafter is not None and self._drafter_info else None,
+                          local_lookup=self.config.local_lookup)
         generated: list[int] = []
         detokenizer = IncrementalDetokenizer(self.tokenizer, skip_ids=self._skip_ids)   # new text only, each round
         self.metrics.active_sessions.inc()

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from tandem.pb import common_pb2, gateway_pb2, verifier_pb2
 from tandem.round_record import FIGURES, Round
-from tandem.types import DraftToken, ModelInfo, SamplingParams, TargetInfo
+from tandem.types import DraftToken, LookupRule, ModelInfo, SamplingParams, TargetInfo
 
 
 def sampling_from_pb(msg: common_pb2.SamplingParams) -> SamplingParams:
@@ -32,12 +32,18 @@ def draft_to_pb(tokens: Iterable[DraftToken]) -> list[common_pb2.DraftToken]:
 
 
 def info_from_pb(msg: common_pb2.ModelInfo) -> ModelInfo:
-    return ModelInfo(msg.model_name, msg.vocab_size, msg.vocab_hash, msg.max_context, tuple(msg.eos_token_ids))
+    rule = msg.lookup
+    lookup = (LookupRule(rule.max_ngram, rule.min_ngram, rule.trust_ngram)
+              if msg.HasField("lookup") and rule.max_ngram > 0 else None)
+    return ModelInfo(msg.model_name, msg.vocab_size, msg.vocab_hash, msg.max_context, tuple(msg.eos_token_ids),
+                     lookup)
 
 
 def info_to_pb(info: ModelInfo) -> common_pb2.ModelInfo:
+    lookup = (common_pb2.LookupRule(max_ngram=info.lookup.max_ngram, min_ngram=info.lookup.min_ngram,
+                                    trust_ngram=info.lookup.trust_ngram) if info.lookup is not None else None)
     return common_pb2.ModelInfo(model_name=info.model_name, vocab_size=info.vocab_size, vocab_hash=info.vocab_hash,
-                                max_context=info.max_context, eos_token_ids=list(info.eos_token_ids))
+                                max_context=info.max_context, eos_token_ids=list(info.eos_token_ids), lookup=lookup)
 
 
 def target_info_from_pb(msg: verifier_pb2.TargetInfo) -> TargetInfo:

@@ -20,9 +20,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# The drafter service's defaults (serve-drafter --lookup-ngram / --lookup-min-ngram): the gateway assumes
-# them when it estimates what lookup will offer a round.
-DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM = 4, 1
+from tandem.types import DraftToken, SamplingParams
+
+
+def lookup_proposal(ids: Sequence[int], sampling: SamplingParams) -> list[DraftToken]:
+    """Lookup tokens as draft tokens: q is a point mass on each (greedy: no q at all). Whoever copies them
+    (the drafter, or the gateway for a block lookup supplies whole) proposes the same tokens with the same q."""
+    if sampling.greedy:
+        return [DraftToken(int(t), from_lookup=True) for t in ids]
+    return [DraftToken(int(t), (int(t),), (1.0,), from_lookup=True) for t in ids]
 
 
 def prompt_lookup(context: Sequence[int], k: int, max_ngram: int = 4, min_ngram: int = 2) -> list[int]:

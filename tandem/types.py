@@ -82,6 +82,21 @@ class ModelInfo:
     vocab_hash: str
     max_context: int
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    lookup: "LookupRule | None" = None    # a drafter's prompt lookup (None: none, or a verifier)
+
+
+@dataclass(frozen=True)
+class LookupRule:
+    """The prompt lookup a drafter runs before its model (``tandem.lookup.find_lookup``'s n-gram bounds);
+    tokens found by an n-gram shorter than ``trust_ngram`` are checked against the model."""
+
+    max_ngram: int
+    min_ngram: int
+    trust_ngram: int = 1
+
+    def copies_unchecked(self, ngram: int) -> bool:
+        """Whether tokens found by an ``ngram``-token match go out as found, without a model check."""
+        return self.max_ngram > 0 and ngram >= max(1, self.min_ngram) and ngram >= self.trust_ngram
 
 
 @dataclass(frozen=True)

@@ -206,3 +206,45 @@ def test_auto_draft_length_reports_its_choice_and_costs(stack):
     assert 0.0 <= status.acceptance_greedy["a1"] <= 1.0
     text = stack.gateway.metrics.text()
     assert 'tandem:draft_cost{figure="verify_ms_w0"}' in text and "tandem:draft_length_chosen_total" in text
+
+
+@pytest.fixture(scope="module")
+def lookup_stack(tiny_target_dir, tiny_drafter_onnx):
+    from drafter_service.lookup_drafter import LookupDrafter
+    from drafter_service.onnx_drafter import OnnxDrafter
+    from verifier_service.target import Target
+
+    s = Stack(Target.load(str(tiny_target_dir)), LookupDrafter(OnnxDrafter(tiny_drafter_onnx, threads=1),
+                                                                max_ngram=4, min_ngram=1))
+    yield s
+    s.close()
+
+
+def test_gateway_copies_a_block_prompt_lookup_supplies_whole_without_calling_the_drafter(lookup_stack):
+    """Local lookup: the drafter reports its lookup rule; a round whose whole block that rule copies from
+    the sequence is proposed by the gateway (no Propose call, no draft time, every token marked lookup);
+    output stays the target's, and with local lookup off the drafter is asked for every block."""
+    stack = lookup_stack
+    info = stack.drafter_stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
+    assert (info.lookup.max_ngram, info.lookup.min_ngram, info.lookup.trust_ngram) == (4, 1, 1)
+    proposes = lambda: stack.drafter_service.metrics.registry.get_sample_value(        # noqa: E731
+        "tandem:draft_duration_seconds_count") or 0.0
+    prompt = "w1 w2 w3 w4 w5 w1 w2 w3 w4 w5 w1 w2 w3 w4 w5 w1 w2"
+    plain = stack.gateway_stub.Generate(request(prompt=prompt, no_speculation=True, max_tokens=48), timeout=60)
+    runs = {}
+    for local in (True, False):
+        stack.gateway.config.local_lookup = local
+        try:
+            before = proposes()
+            reply = stack.gateway_stub.Generate(request(prompt=prompt, draft_length=2, max_tokens=48), timeout=60)
+            runs[local] = (reply, proposes() - before)
+        finally:
+            stack.gateway.config.local_lookup = True
+        assert list(reply.token_ids) == list(plain.token_ids)
+    (on, on_calls), (off, off_calls) = runs[True], runs[False]
+    drafted = lambda r: [s for s in r.stats.round_stats if s.proposed > 0]               # noqa: E731
+    copied = [s for s in drafted(on) if s.lookup_tokens == s.proposed and s.draft_ms == 0.0]
+    assert copied, "no round was copied by the gateway"
+    assert on_calls == len(drafted(on)) - len(copied)            # every other drafted round asked the drafter
+    assert off_calls == len(drafted(off))                         # off: the drafter proposes every block
+    assert all(s.draft_ms > 0.0 for s in drafted(off))

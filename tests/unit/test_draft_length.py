@@ -534,3 +534,46 @@ def test_probe_budget_counts_what_a_probe_cost_not_what_was_predicted():
     assert a.interval == 32
     late = [p for p in probes if p > 300]
     assert late and all(y - x == 32 for x, y in zip(late, late[1:]))     # a probe every 32nd round
+
+
+def test_a_block_the_gateway_copies_itself_costs_no_drafter_trip():
+    """local_lookup: a block of k <= the lookup tokens available is copied by the gateway, so its cost is
+    verify(k) + the plain overhead; on a slow link (30 ms to the drafter) that wins where fetching the
+    same block from the drafter loses, and blocks longer than the copy still pay the trip."""
+    cost = cost_model({0: 10.0, 1: 10.5, 2: 11.0, 3: 11.5, 4: 12.0}, draft_per_token=1.0, plain_oh=0.5,
+                      spec_oh=30.5)
+    acc = flat_acceptance(0.3, lookup=0.9)
+    fetched = choose_k(cost, acc, 4, lookup_available=3, lookup_ngram=3)
+    assert fetched.k == 0
+    local = choose_k(cost, acc, 4, lookup_available=3, lookup_ngram=3, local_lookup=True)
+    assert local.k == 3
+    c3 = local.candidates[3]
+    assert c3.expected_ms == pytest.approx(11.5 + 0.5)
+    assert c3.expected_tokens == pytest.approx(expected_tokens([0.9, 0.9, 0.9]))
+    assert local.candidates[4].expected_ms == fetched.candidates[4].expected_ms      # beyond the copy: fetched
+
+
+def test_blocks_the_gateway_copies_do_not_probe_the_drafter_or_reset_its_schedule():
+    """With local lookup, a copied block that wins says nothing about the drafter: a losing drafter is
+    still probed on the doubling schedule (rounds since it last drafted, copied blocks included), and every
+    probe is a block the drafter drafts (longer than the copy on offer)."""
+    policy = losing_policy(probe_every=4, probe_cap=32)
+    probes, copied = [], 0
+    for rnd in range(1, 200):
+        lookup = 1 if rnd % 3 == 0 else 0                  # a one-token copy on offer every third round
+        d = policy.next_k(8, lookup, 4, local_lookup=True)
+        if d.reason == "probe":
+            assert d.k > lookup
+            probes.append(rnd)
+            policy.observe(RoundFigures(width=d.k, accepted=0, verify_ms=15.0, draft_ms=1.0, round_ms=16.5))
+        elif d.k:
+            assert d.k == 1 == lookup                        # the copy wins: 1.8 tokens for 15.1 ms
+            copied += 1
+            policy.observe(RoundFigures(width=1, accepted=1, verify_ms=15.0, round_ms=15.1,
+                                        from_lookup=(True,), drafter_called=False, lookup_ngram=4))
+        else:
+            policy.observe(plain_round())
+    assert copied > 40
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    # intervals 8, 16, then the cap 32; a probe due on a copy round waits one round
+    assert gaps[0] in (8, 9) and gaps[1] in (16, 17) and all(g in (32, 33) for g in gaps[2:]), gaps

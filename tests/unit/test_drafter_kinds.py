@@ -3,6 +3,7 @@ inner drafter, chunked prefill, the max_context rule and the session cap."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -17,7 +18,7 @@ from drafter_service.model_drafter import ModelDrafter
 from drafter_service.onnx_drafter import OnnxDrafter
 from tandem.errors import CapacityExceeded, UnknownSession
 from tandem.sessions import SessionStore
-from tandem.types import DraftToken, ModelInfo, SamplingParams
+from tandem.types import DraftToken, LookupRule, ModelInfo, SamplingParams
 
 PROMPT = [1, 12, 40, 7, 33, 5, 60, 21]
 SAMPLED = SamplingParams(temperature=1.0, top_p=0.95, seed=7)
@@ -73,7 +74,8 @@ def test_factory_builds_by_kind(tiny_drafter_onnx, tmp_path):
     hybrid = load_drafter(tiny_drafter_onnx, threads=1, lookup_max_ngram=3, lookup_min_ngram=1, max_sessions=5)
     assert isinstance(hybrid, LookupDrafter) and isinstance(hybrid.inner, ModelDrafter)
     assert hybrid.sessions is hybrid.inner.sessions and hybrid.sessions.max_sessions == 5
-    assert hybrid.info == plain.info
+    assert dataclasses.replace(hybrid.info, lookup=None) == plain.info and plain.info.lookup is None
+    assert hybrid.info.lookup == LookupRule(3, 1, 1)        # reported to the gateway (it predicts and copies)
     # a drafter.json without "kind" is a model; a bare .onnx (no drafter.json) too
     no_kind = _copy(tiny_drafter_onnx, tmp_path / "no_kind", kind=None)
     assert drafter_kind(no_kind) == "model" and isinstance(load_drafter(no_kind, threads=1), ModelDrafter)

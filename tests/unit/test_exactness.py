@@ -8,10 +8,12 @@ histogram of (t1, t2, t3) with the exact joint distribution computed from the ta
 (p(t1) p(t2|t1) p(t3|t1,t2)) by a chi-square test; cells with expected count < 5 are pooled.
 False-alarm rate: the test fails when p < 1e-3 (one run in a thousand of a correct sampler).
 A control run with a broken rule (every draft accepted, i.e. the drafter's distribution) must
-fail the same test, so the test can fail. The test runs three times: with the model drafting, with
-prompt lookup on a prompt whose bigram recurs (draft tokens copied from the context, q = point mass),
-and with k = 2 and the drafter's confidence stop (blocks of 1 or 2 tokens, t2 and t3 then both come
-from the first round).
+fail the same test, so the test can fail. The test runs with the model drafting, with prompt lookup
+on a prompt whose bigram recurs (draft tokens copied from the context, q = point mass), with the
+gateway copying every block itself (local lookup: the prompt holds the whole vocabulary, so lookup
+always supplies the block and the drafter is never called), with k = 2 and the drafter's confidence
+stop (blocks of 1 or 2 tokens, t2 and t3 then both come from the first round), and with k chosen by
+auto and by a history-dependent rule.
 """
 
 import asyncio
@@ -73,16 +75,18 @@ def exact_joint(target, sampling, prompt=PROMPT) -> dict[tuple[int, int, int], f
     return joint
 
 
-def draw(verifier, drafter, n, sampling, k=1, prompt=PROMPT, min_confidence=0.0, block_sizes=None, policy=None):
+def draw(verifier, drafter, n, sampling, k=1, prompt=PROMPT, min_confidence=0.0, block_sizes=None, policy=None,
+         lookup=None):
     """Joint counts of the first three generated tokens over n seeded requests; ``block_sizes``
     (a dict) collects how many tokens the first round's proposal had. ``policy()``: a draft-length policy
-    per request (auto: k chosen each round from the figures of earlier rounds and requests)."""
+    per request (auto: k chosen each round from the figures of earlier rounds and requests). ``lookup``: the
+    drafter's lookup rule as the gateway knows it (blocks it supplies whole are copied at the gateway)."""
     async def run():
         counts = {}
         for i in range(n):
             req = Request(f"s{i}", prompt, 1 + k + 1, SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p,
                                                                      seed=i),
-                          k, frozenset(), 256, min_confidence=min_confidence)
+                          k, frozenset(), 256, min_confidence=min_confidence, lookup=lookup)
             tokens = []
             async for rnd in generate_rounds(req, verifier, drafter, policy() if policy else None):
                 tokens.extend(rnd.tokens)
@@ -135,7 +139,7 @@ def history_policy():
     seen = {"n": 0}         # speculative rounds so far plus the drafts they accepted, over all requests
 
     class History:
-        def next_k(self, budget, lookup_available=0, lookup_ngram=0):
+        def next_k(self, budget, lookup_available=0, lookup_ngram=0, local_lookup=False):
             return Decision(min(budget, 1 + seen["n"] % 2), 0.0, 0.0, 0.0, (), "history")
 
         def observe(self, fig):
@@ -144,7 +148,20 @@ def history_policy():
     return History
 
 
+class CountingDrafter(LocalDrafter):
+    """Counts Propose calls (local lookup: the gateway copies some blocks without one)."""
+
+    def __init__(self, drafter):
+        super().__init__(drafter)
+        self.calls = 0
+
+    async def propose(self, *args, **kw):
+        self.calls += 1
+        return await super().propose(*args, **kw)
+
+
 @pytest.mark.parametrize("which, prompt", [("model", PROMPT), ("lookup", (5, 9, 14, 5, 9)),
+                                           ("local lookup", tuple(range(64)) + (5, 9)),
                                            ("confidence stop", PROMPT), ("auto", PROMPT),
                                            ("history-dependent k", PROMPT)])
 def test_speculative_sampling_matches_target_distribution(target, drafter, lookup_drafter, which, prompt):
@@ -154,11 +171,14 @@ def test_speculative_sampling_matches_target_distribution(target, drafter, looku
     assert abs(sum(joint.values()) - 1) < 1e-4
     sizes: dict[int, int] = {}
     k, stop = (2, 0.35) if which in ("confidence stop", "auto", "history-dependent k") else (1, 0.0)
-    counts = draw(LocalVerifier(target), LocalDrafter(drafter if which != "lookup" else lookup_drafter), N,
+    proposer = CountingDrafter(lookup_drafter if "lookup" in which else drafter)
+    counts = draw(LocalVerifier(target), proposer, N,
                   SAMPLING, k=k, prompt=prompt, min_confidence=stop if which == "confidence stop" else 0.0,
                   block_sizes=sizes, policy={"auto": auto_policy, "history-dependent k": history_policy}.get(
-                      which, lambda: None)())
+                      which, lambda: None)(), lookup=lookup_drafter.info.lookup if which == "local lookup" else None)
     assert sum(counts.values()) == N
+    if which == "local lookup":         # every token of the vocabulary is in the prompt: lookup always finds the
+        assert proposer.calls == 0      # block (the token after the last one's earlier occurrence), copied here
     if which == "confidence stop":      # both block lengths really occur
         assert sizes.get(1, 0) > N // 20 and sizes.get(2, 0) > N // 20, sizes
     if which == "history-dependent k":  # the choice really varies from request to request
