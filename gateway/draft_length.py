@@ -28,10 +28,11 @@ Pieces (all plain Python, no grpc/torch/numpy):
   their own, separately learned acceptance, per length of the n-gram the match was found by (1, 2, 3,
   4+: a long match -- a quote, a name, a repeated line -- is usually right, a match on the last token
   alone often is not), and the estimator learns the *lookup yield*: the share of
-  the lookup tokens the gateway predicted (it runs the drafter's default lookup rule over the sequence
-  it holds) that the drafter really sent as lookup copies. A drafter served with lookup off, other
-  n-grams or lookup checks yields fewer (with lookup off: none), and a predicted match must not make
-  a long block of the drafter's own, maybe useless, tokens look nearly free.
+  the lookup tokens the gateway predicted (it runs the drafter's lookup rule, from its GetInfo, over the
+  sequence it holds) that the drafter really sent as lookup copies. Lookup checks (``--lookup-trust-ngram``)
+  yield fewer, and a predicted match must not make a long block of the drafter's own, maybe useless,
+  tokens look nearly free. A block the rule supplies whole and unchecked the gateway copies itself
+  (``local_lookup``): it costs verify + the plain overhead, with no drafter call and no yield to learn.
 - ``choose_k``: evaluates every candidate and returns a ``Decision`` with the whole table.
 - ``DraftLengthPolicy`` (one per request): ``next_k(k_max)`` before a round, ``observe(figures)``
   after it. When k = 0 wins it keeps probing: a short block every N plain rounds, N doubling while
@@ -476,7 +477,7 @@ class AcceptanceEstimator:
 
     def lookup_yield(self) -> float:
         """The share of predicted lookup tokens the drafter sends as lookup copies (1 until observed:
-        the gateway predicts with the drafter's default rule)."""
+        the gateway predicts with the drafter's own rule)."""
         prior = self.prior.lookup_yield() if self.prior is not None else 1.0
         return min(1.0, max(0.0, self._yield.estimate(prior)))
 

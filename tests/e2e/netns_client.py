@@ -41,6 +41,7 @@ def main() -> None:
     out = {"outputs": [], "tokens": 0, "seconds": 0.0, "rounds": 0, "accepted": 0, "speculative": [],
            "fallback": []}
     ks: list[int] = []                                       # the k of every round (0: a plain step)
+    fetched: list[int] = []                                  # the k of every round that called the drafter
     with grpc.secure_channel(args.gateway, creds) as channel:
         stub = gateway_grpc.GatewayStub(channel)
 
@@ -61,9 +62,13 @@ def main() -> None:
             out["speculative"].append(reply.stats.speculative)
             out["fallback"].append(reply.stats.fallback_reason)
             ks += [r.k for r in reply.stats.round_stats]
+            # blocks the drafter drafted (draft time > 0); blocks prompt lookup supplied whole are copied by
+            # the gateway (no drafter call, draft_ms 0) and do not cross the link
+            fetched += [r.k for r in reply.stats.round_stats if r.k > 0 and r.draft_ms > 0]
     drafted = [k for k in ks if k > 0]
     out["mean_k"] = sum(ks) / len(ks) if ks else 0.0                 # over all rounds
     out["mean_k_drafted"] = sum(drafted) / len(drafted) if drafted else 0.0   # over speculative rounds
+    out["mean_k_fetched"] = sum(fetched) / len(fetched) if fetched else 0.0   # over rounds that called the drafter
     out["k0_share"] = (len(ks) - len(drafted)) / len(ks) if ks else 0.0
     print(json.dumps(out))
 

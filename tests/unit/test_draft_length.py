@@ -384,10 +384,11 @@ def test_simulated_useless_drafter_is_switched_off():
 
 
 def test_predicted_lookup_that_never_arrives_does_not_keep_a_useless_drafter_on():
-    """The gateway predicts lookup copies with the drafter's default rule; a drafter served with lookup off
-    (``--lookup-ngram 0``) drafts those positions with its model instead. Measured on the AMD EPYC before the
-    lookup yield was learned: auto drafted k = 5..8 in a third of the rounds and ran at 0.80x of plain
-    decoding with a random-weight drafter. The yield falls to ~0 and auto stays plain."""
+    """Predicted lookup copies the drafter does not send (the gateway once predicted with assumed defaults; a
+    drafter served with lookup off drafted those positions with its model; a drafter that checks lookup
+    drops some): measured on the AMD EPYC before the lookup yield was learned, auto drafted k = 5..8 in a
+    third of the rounds and ran at 0.80x of plain decoding with a random-weight drafter. The yield falls
+    to ~0 and auto stays plain."""
     truth = Truth(lambda w: 20.0 * (1 + 0.04 * w), 0.5, 1.5, 0.5, lambda i: 0.0)
     kw = dict(lookup_every=2, lookup_tokens=6, lookup_sent=False)
     baseline = fixed(truth, k_max=4, **kw)
@@ -411,7 +412,7 @@ def test_predicted_lookup_that_arrives_is_drafted_even_with_a_useless_model():
 def test_lookup_yield_is_learned_and_shared():
     gateway = AcceptanceEstimator(alpha=0.02)
     session = AcceptanceEstimator(alpha=0.1, prior=gateway)
-    assert session.lookup_yield() == 1.0                      # until observed: the drafter's default rule
+    assert session.lookup_yield() == 1.0                      # until observed: the drafter's own rule
     for _ in range(30):
         session.observe(RoundFigures(width=4, accepted=0, verify_ms=1, round_ms=1, lookup_predicted=3))
     assert session.lookup_yield() < 0.05
