@@ -106,7 +106,11 @@ def test_server_spans_nest_under_round_spans_and_add_up_to_the_stats(traced):
     verify = [s for s in spans if s["kind"] == SERVER and s["name"].endswith("Verifier/Verify")]
     assert {s["service"] for s in propose} == {"tandem-drafter"}
     assert {s["service"] for s in verify} == {"tandem-verifier"}
-    drafted = sum(1 for r in st.round_stats if r.proposed)      # the last round may have no room to draft
+    # the last round may have no room to draft; a block prompt lookup supplies whole is copied by the gateway
+    # (no Propose call: draft_ms 0, every token a lookup token)
+    drafted = sum(1 for r in st.round_stats if r.proposed and r.draft_ms > 0)
+    copied = [r for r in st.round_stats if r.proposed and r.draft_ms == 0]
+    assert all(r.lookup_tokens == r.proposed for r in copied)
     assert len(verify) == st.rounds and len(propose) == drafted > 0
     for s in propose + verify:
         assert round_ids & {a["span_id"] for a in ancestors(s)}, s["name"]
