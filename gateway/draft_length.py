@@ -597,7 +597,8 @@ class DraftLengthPolicy:
     acceptance is bursty (writing) keeps its estimates fresh; where it costs much more (MKL's 2x at
     width 3) they back off to ``probe_cap``. The estimates the probes update decide when speculation
     comes back (choose_k picking k > 0 again). With ``shared`` (the gateway's, per sampling mode) the
-    schedule carries over between requests: short requests each restarting at ``probe_every`` spent 6 %
+    schedule (the interval, and the rounds since the drafter last drafted) carries over between requests, so
+    requests shorter than the interval still get probed; short requests each restarting at ``probe_every`` spent 6 %
     of their rounds on probes with a useless drafter on the AMD EPYC (0.92x plain), far over the budget.
     """
 
@@ -607,7 +608,8 @@ class DraftLengthPolicy:
     k_cap: int = 16                     # auto never drafts more than this
     fallback_k: int = 2                 # used while no verify cost is known at all
     probe_every: int = 4
-    probe_cap: int = 64
+    probe_cap: int = 256                # the budget (below) sets the interval up to this; a probe that pays a
+                                        # cold drafter session (the whole context to catch up on) costs 2-4x a plain step
     probe_k_max: int = 4
     probe_budget: float = 0.02          # worst-case share of plain throughput spent on refused probes
     relax: float = 0.02                 # per plain round: stale session evidence drifts back to the prior
@@ -657,9 +659,13 @@ class DraftLengthPolicy:
             # blocks the gateway copies itself (local lookup) are not the drafter's: they neither probe it
             # nor, when they win, say that it pays
             copied = lookup_available if local_lookup else 0
-            if 0 < d.k <= copied:
+            if self.shared is not None:         # rounds since the drafter last drafted, gateway-wide: requests
+                self.plain_streak = self.shared.get("streak", self.plain_streak)   # shorter than the interval
+            if k_max == 0:                                                          # still get probes
+                pass                            # no room to draft (a request's last round): no evidence
+            elif 0 < d.k <= copied:
                 self.plain_streak += 1          # the drafter's probe schedule goes on
-            elif d.k > 0 or k_max == 0:
+            elif d.k > 0:
                 self.plain_streak = 0
                 if d.k > 0 and d.candidates:
                     # the probe schedule resets only if this round wins against a plain step (observe):
@@ -678,6 +684,8 @@ class DraftLengthPolicy:
                     self.probes += 1
                     d = Decision(probe.k, probe.expected_tokens, probe.expected_ms, probe.tokens_per_ms,
                                  d.candidates, "probe")
+            if self.shared is not None:
+                self.shared["streak"] = self.plain_streak
         self.last = d
         return d
 

@@ -434,8 +434,12 @@ def test_short_requests_share_the_probe_schedule():
     alone, ks_alone = simulate(truth, sessions=30, tokens=64)
     shared, ks_shared = simulate(truth, sessions=30, tokens=64, shared={})
     assert ks_shared.count(0) > ks_alone.count(0)
-    assert shared >= 0.95 * plain
-    assert sum(1 for k in ks_shared if k) < 0.04 * len(ks_shared)
+    assert shared >= 0.97 * plain
+    # rounds since the drafter last drafted count across requests: 64-token requests still get probes (a
+    # per-request count never reached an interval longer than a request), about one per ceil(0.6 / 0.02)
+    # rounds, the budget's interval
+    drafting = sum(1 for k in ks_shared if k)
+    assert 0.02 * len(ks_shared) < drafting < 0.045 * len(ks_shared)
     # the state itself: a second policy starts where the first left it; a win resets it for everyone
     state: dict = {}
     first = DraftLengthPolicy(cost_model({0: 10.0, 1: 16.0}), AcceptanceEstimator(default=0.01), shared=state)
