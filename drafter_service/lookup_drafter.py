@@ -16,7 +16,7 @@ import dataclasses
 
 from drafter_service.drafter import ContextDrafter, DraftState
 from drafter_service.lookup import checked_length, find_lookup
-from tandem.lookup import lookup_proposal as lookup_tokens
+from tandem.lookup import lookup_proposal
 from tandem.types import DraftToken, LookupRule, ModelInfo, SamplingParams
 
 
@@ -73,14 +73,14 @@ class LookupDrafter(ContextDrafter):
             looked = looked[:max(0, self.info.max_context - len(context))]
             checked = bool(looked)
         if len(looked) == k and not checked:
-            return lookup_tokens(looked, sampling)     # no model run: the inner cache catches up next time
+            return lookup_proposal(looked, sampling)     # no model run: the inner cache catches up next time
         if checked:
             kept = self.inner.check_tokens(
                 state, context, looked,
                 lambda top_ids, top_probs: checked_length(looked, top_ids, top_probs, self.check_confidence))
         else:
             kept = len(looked)
-        tokens = lookup_tokens(looked[:kept], sampling)
+        tokens = lookup_proposal(looked[:kept], sampling)
         if kept == k:
             return tokens
         return tokens + self.inner.draft_block(state, context + looked[:kept], k - kept, sampling, min_confidence,

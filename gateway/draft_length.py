@@ -659,15 +659,17 @@ class DraftLengthPolicy:
             # blocks the gateway copies itself (local lookup) are not the drafter's: they neither probe it
             # nor, when they win, say that it pays
             copied = lookup_available if local_lookup else 0
-            if self.shared is not None:         # rounds since the drafter last drafted, gateway-wide: requests
-                self.plain_streak = self.shared.get("streak", self.plain_streak)   # shorter than the interval
-            if k_max == 0:                                                          # still get probes
+            # rounds since the drafter last drafted count gateway-wide, so requests shorter than the
+            # interval still get probes
+            if self.shared is not None:
+                self.plain_streak = self.shared.get("streak", self.plain_streak)
+            if k_max == 0:
                 pass                            # no room to draft (a request's last round): no evidence
             elif 0 < d.k <= copied:
                 self.plain_streak += 1          # the drafter's probe schedule goes on
             elif d.k > 0:
                 self.plain_streak = 0
-                if d.k > 0 and d.candidates:
+                if d.candidates:
                     # the probe schedule resets only if this round wins against a plain step (observe):
                     # a session that speculates now and then on a lookup match is not a winning one
                     self._spec_plain_rate = d.candidates[0].tokens_per_ms

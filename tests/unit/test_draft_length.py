@@ -210,6 +210,12 @@ def losing_policy(**kw) -> DraftLengthPolicy:
     return DraftLengthPolicy(cost, AcceptanceEstimator(default=0.01), **kw)
 
 
+def flat_losing_policy(**kw) -> DraftLengthPolicy:
+    """A drafter that never pays, against a nearly flat verify curve (a refused probe predicted at ~5 %)."""
+    cost = cost_model({0: 10.0, 1: 10.3, 2: 10.6}, draft_per_token=0.1, plain_oh=0.1, spec_oh=0.2)
+    return DraftLengthPolicy(cost, AcceptanceEstimator(default=0.001, prior_weight=50.0), **kw)
+
+
 def plain_round() -> RoundFigures:
     return RoundFigures(width=0, accepted=0, verify_ms=10.0, round_ms=10.1)
 
@@ -246,9 +252,7 @@ def test_cheap_probes_stay_frequent_and_their_worst_case_cost_stays_within_the_b
     """With a nearly flat verify curve a refused probe costs ~5 % of a plain step, so the interval stops
     at ceil(0.05 / probe_budget) instead of doubling to the cap: estimates stay fresh where acceptance is
     bursty, and even a drafter that never pays costs at most ~probe_budget of plain throughput."""
-    cost = cost_model({0: 10.0, 1: 10.3, 2: 10.6}, draft_per_token=0.1, plain_oh=0.1, spec_oh=0.2)
-    policy = DraftLengthPolicy(cost, AcceptanceEstimator(default=0.001, prior_weight=50.0), probe_every=1,
-                               probe_cap=64, probe_budget=0.02)
+    policy = flat_losing_policy(probe_every=1, probe_cap=64, probe_budget=0.02)
     spent = {"plain": 0.0, "probe": 0.0}
     probes = []
     for rnd in range(1, 400):
@@ -521,10 +525,8 @@ def test_probe_budget_counts_what_a_probe_cost_not_what_was_predicted():
     budget must bound the measured cost. Session A never pays (its probes take 16.5 ms against a 10.1 ms
     plain round: 63 % extra, so ceil(0.63 / 0.02) = 32 plain rounds between probes); session B, sharing
     the cost model, drafts cheaply every round."""
-    cost = cost_model({0: 10.0, 1: 10.3, 2: 10.6}, draft_per_token=0.1, plain_oh=0.1, spec_oh=0.2)
-    a = DraftLengthPolicy(cost, AcceptanceEstimator(default=0.001, prior_weight=50.0), probe_every=4,
-                          probe_cap=64, probe_budget=0.02)
-    b = DraftLengthPolicy(cost, AcceptanceEstimator(default=0.99, prior_weight=50.0))
+    a = flat_losing_policy(probe_every=4, probe_cap=64, probe_budget=0.02)
+    b = DraftLengthPolicy(a.cost, AcceptanceEstimator(default=0.99, prior_weight=50.0))
     probes = []
     for rnd in range(1, 600):
         d = a.next_k(8)
