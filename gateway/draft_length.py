@@ -692,9 +692,15 @@ class DraftLengthPolicy:
         return d
 
     def observe(self, fig: RoundFigures) -> None:
-        # the lookup yield is the drafter's: a block the gateway copied itself says nothing about it
-        if fig.width and fig.speculative and not fig.lookup_predicted and self.lookup_predicted:
-            fig = dataclasses.replace(fig, lookup_predicted=self.lookup_predicted, lookup_ngram=self.lookup_ngram)
+        if fig.width and self.lookup_predicted:
+            extra = {}
+            if not fig.lookup_ngram:        # the copies' acceptance is learned per match length, copied here or not
+                extra["lookup_ngram"] = self.lookup_ngram
+            # the lookup yield is the drafter's: a block the gateway copied itself says nothing about it
+            if fig.speculative and not fig.lookup_predicted:
+                extra["lookup_predicted"] = self.lookup_predicted
+            if extra:
+                fig = dataclasses.replace(fig, **extra)
         self.cost.observe(fig)
         self.acceptance.observe(fig)
         if fig.width == 0 and self.relax:
