@@ -17,6 +17,9 @@ def configure(p) -> None:
          "round from the measured verify/draft/network costs and the session's acceptance (0 = a plain step "
          "where speculation does not pay); N pins it (requests may pin their own)")
     flag(p, "max-draft-length", 8, int, help="the longest block auto drafts")
+    flag(p, "probe-budget", 0.01, float, help="auto: while speculation loses, a short block now and then "
+         "probes the drafter; this bounds what those probes may cost, as a share of plain decoding's "
+         "throughput (0.01: at most ~1 %%; 0: probe on the doubling schedule alone)")
     flag(p, "draft-confidence", DEFAULT_DRAFT_CONFIDENCE, float, help="adaptive draft length: the drafter ends a "
          "block early, before a token whose drafter probability is below this, so a round drafts 1..k tokens "
          "(0 = always k; requests may set their own)")
@@ -54,7 +57,7 @@ async def run(args) -> int:
                            no_speculation=args.no_speculation,
                            max_concurrent_requests=args.max_concurrent_requests,
                            drafter_retry_max_s=args.drafter_retry_max,
-                           local_lookup=not args.no_local_lookup)
+                           local_lookup=not args.no_local_lookup, probe_budget=args.probe_budget)
     gateway = await connect_gateway(args.verifier, args.drafter or None, config, wait_s=args.wait,
                                     interceptors=tracing.client_interceptors(),
                                     drafter_timeout_s=args.drafter_timeout, verifier_timeout_s=args.verifier_timeout)

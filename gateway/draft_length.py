@@ -56,6 +56,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 __all__ = ["RoundFigures", "CostModel", "AcceptanceEstimator", "Candidate", "Decision", "choose_k",
            "expected_tokens", "DraftLengthPolicy"]
@@ -189,6 +190,7 @@ class CostModel:
         self._plain_overhead = _Ewma(alpha)
         self._spec_overhead = _Ewma(alpha)
         self._fit: list[tuple[int, float]] | None = None
+        self._curve: list[float] = []          # verify_ms per width 0.., read off the current fit
         self.rounds_observed = 0
 
     # ---- learning ---------------------------------------------------------------------------------
@@ -238,28 +240,49 @@ class CostModel:
         if self._fit is None:
             pts = sorted((w, e.mean, e.n) for w, e in self._verify.items() if e.known)
             self._fit = _isotonic(pts) if pts else []
+            self._curve = []
         return self._fit
 
     def verify_ms(self, width: int) -> float:
         """Verify ms of a block of ``width`` draft tokens: non-decreasing in width."""
+        if width < 0:
+            return self._read(range(width, width + 1))[0]
+        return self.verify_curve(width)[width]
+
+    def verify_curve(self, top: int) -> list[float]:
+        """``verify_ms(w)`` for w = 0..top, read off the current fit once (cached until the next observation:
+        the choice reads every width each round)."""
+        self._points()
+        if len(self._curve) <= top:
+            self._curve.extend(self._read(range(len(self._curve), top + 1)))
+        return self._curve
+
+    def _read(self, widths: range) -> list[float]:
+        """The fit read at increasing ``widths``: linear between measured widths; outside them, the
+        least-squares slope of the monotone fit (robust to one noisy end point, which a two-point slope
+        would amplify over many widths); with one width measured, ``default_slope``."""
         pts = self._points()
         if not pts:
-            return 0.0
+            return [0.0] * len(widths)
         if len(pts) == 1:
             (w0, v), = pts
             base = v / (1.0 + self.default_slope * w0)
-            return base * (1.0 + self.default_slope * width)
-        for (xa, ya), (xb, yb) in zip(pts, pts[1:]):
-            if xa <= width <= xb:
-                return ya + (yb - ya) * (width - xa) / (xb - xa)
-        # Outside the measured widths: the least-squares slope of the monotone fit (robust to one noisy
-        # end point, which a two-point slope would amplify over many widths).
-        mx = sum(x for x, _ in pts) / len(pts)
-        my = sum(y for _, y in pts) / len(pts)
-        slope = max(0.0, sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
-        if width > pts[-1][0]:
-            return pts[-1][1] + slope * (width - pts[-1][0])
-        return max(0.0, pts[0][1] - slope * (pts[0][0] - width))
+            return [base * (1.0 + self.default_slope * w) for w in widths]
+        (x_first, y_first), (x_last, y_last) = pts[0], pts[-1]
+        slope, j, out = None, 0, []
+        for w in widths:
+            if x_first <= w <= x_last:
+                while pts[j + 1][0] < w:
+                    j += 1
+                (xa, ya), (xb, yb) = pts[j], pts[j + 1]
+                out.append(ya + (yb - ya) * (w - xa) / (xb - xa))
+                continue
+            if slope is None:
+                mx = sum(x for x, _ in pts) / len(pts)
+                my = sum(y for _, y in pts) / len(pts)
+                slope = max(0.0, sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
+            out.append(y_last + slope * (w - x_last) if w > x_last else max(0.0, y_first - slope * (x_first - w)))
+        return out
 
     @property
     def draft_ms_per_token(self) -> float:
@@ -290,9 +313,20 @@ class CostModel:
 
     def expected_ms(self, k: int, lookup_tokens: int = 0) -> float:
         """Expected wall ms of a round with a block of k (the first ``lookup_tokens`` copied by lookup)."""
-        if k <= 0:
-            return self.verify_ms(0) + self.plain_overhead_ms
-        return self.draft_ms(k, lookup_tokens) + self.verify_ms(k) + self.speculative_overhead_ms
+        k = max(0, k)
+        return self.round_ms(k, lookup_tokens)[k]
+
+    def round_ms(self, top: int, lookup_tokens: int = 0) -> list[float]:
+        """``expected_ms(k, lookup_tokens)`` for k = 0..top in one pass (the choice reads every k each round).
+        k = 0 is a plain step: verify at width 0 and the plain overhead, no draft and no drafter trip."""
+        verify = self.verify_curve(top)
+        per_model, per_lookup = self._draft_per_token.mean, self._lookup_per_token.mean
+        spec, lookup = self.speculative_overhead_ms, max(0, lookup_tokens)
+        out = [verify[0] + self._plain_overhead.mean]
+        for k in range(1, top + 1):
+            n = min(lookup, k)
+            out.append((k - n) * per_model + n * per_lookup + verify[k] + spec)
+        return out
 
     def local_lookup_ms(self, k: int) -> float:
         """Expected wall ms of a round whose block of k the gateway copies by prompt lookup itself: no
@@ -374,6 +408,8 @@ class AcceptanceEstimator:
         self._lookup = _Slot(self.prior_weight)          # every lookup token
         self._lookup_by_n = {n: _Slot(self.prior_weight) for n in range(1, NGRAM_BUCKETS + 1)}   # per match length
         self._yield = _Slot(self.prior_weight)   # share of predicted lookup tokens that arrived as lookup copies
+        self._version = 0                        # bumped by every change: model_acceptances is memoised on it
+        self._memo: tuple | None = None
 
     # ---- learning ---------------------------------------------------------------------------------
     def _slot(self, i: int) -> "_Slot":
@@ -382,9 +418,11 @@ class AcceptanceEstimator:
         return self._model[i]
 
     def _add(self, i: int, accepted: bool) -> None:
+        self._version += 1
         self._slot(i).add(accepted, 1.0 - self.alpha)
 
     def _add_lookup(self, accepted: bool, ngram: int = 0) -> None:
+        self._version += 1
         self._lookup.add(accepted, 1.0 - self.alpha)
         if _bucket(ngram):
             self._lookup_by_n[_bucket(ngram)].add(accepted, 1.0 - self.alpha)
@@ -393,6 +431,7 @@ class AcceptanceEstimator:
         """Moves a fraction ``beta`` of the session's own evidence back to the prior: called on rounds
         that observe nothing (plain rounds), so estimates that went stale while speculation was off
         drift back toward the gateway-wide figures instead of freezing at their last, unlucky value."""
+        self._version += 1
         for slot in (*self._model, self._lookup, *self._lookup_by_n.values(), self._yield):
             slot.relax(beta)
 
@@ -422,6 +461,7 @@ class AcceptanceEstimator:
             if not flag:
                 break
             arrived += 1
+        self._version += 1
         self._yield.add(arrived / predicted, 1.0 - self.alpha)
         if self.share and self.prior is not None:
             self.prior.observe_lookup_yield(predicted, from_lookup)
@@ -444,6 +484,9 @@ class AcceptanceEstimator:
         deep position seen a few times stays near its neighbour instead of jumping to 0 or 1. A position
         the session has not reached follows the prior's shape at the session's level where it was last
         observed (a session more predictable than the gateway's average is expected to stay so)."""
+        key = (n, self._version, self.prior._version if self.prior is not None else -1)
+        if self._memo is not None and self._memo[0] == key:
+            return list(self._memo[1])
         prior = self.prior.model_acceptances(n) if self.prior is not None else None
         deepest = max((j for j in range(min(n, len(self._model))) if self._model[j].t > 0), default=-1)
         out: list[float] = []
@@ -457,7 +500,8 @@ class AcceptanceEstimator:
                     # longer block gets tried once and then measured
                 est = max(prior[i] * out[deepest] / max(_A_MIN, prior[deepest]), out[deepest])
             out.append(min(_A_MAX, max(_A_MIN, est)))
-        return out
+        self._memo = (key, out)
+        return list(out)
 
     def model_acceptance(self, i: int) -> float:
         """a_{i+1}: the i-th (0-based) model-drafted token of a block."""
@@ -508,8 +552,19 @@ def expected_tokens(acceptances: Sequence[float]) -> float:
 # ---------------------------------------------------------------------------------------------------
 # The choice
 # ---------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Candidate:
+def _expected_prefixes(acceptances: Sequence[float]) -> list[float]:
+    """[expected_tokens(acceptances[:j]) for j in 0..len(acceptances)] in one pass."""
+    out, total, run = [1.0], 1.0, 1.0
+    for a in acceptances:
+        run *= a
+        total += run
+        out.append(total)
+    return out
+
+
+class Candidate(NamedTuple):
+    """One k the choice weighed (a tuple: nine of them are built every round)."""
+
     k: int
     expected_tokens: float
     expected_ms: float
@@ -533,20 +588,25 @@ class Decision:
 def _candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[int],
                 lookup_available: int, lookup_ngram: int = 0, local_lookup: bool = False) -> tuple[Candidate, ...]:
     lookup = max(0, int(lookup_available))
-    model = acceptance.model_acceptances(max(ks, default=0))
-    a_lookup = acceptance.lookup_acceptance(lookup_ngram)
+    top = max(ks, default=0)
+    # model[:k] and lookup[:n] + model[:k - n] blocks' expected tokens, from running products (O(k_max) a round)
+    model = _expected_prefixes(acceptance.model_acceptances(top))
+    a_lookup = acceptance.lookup_acceptance(lookup_ngram) if lookup else 0.0
+    copies = _expected_prefixes([a_lookup] * min(lookup, top))
     # the predicted lookup tokens arrive with the learned yield y; otherwise the drafter drafts the block itself
     y = acceptance.lookup_yield() if lookup else 0.0
+    drafted = cost.round_ms(top)
+    with_copies = cost.round_ms(top, lookup) if lookup and y > 0 else drafted
     out = []
     for k in ks:
         n_lookup = min(lookup, k)
-        tokens = expected_tokens(model[:k])
-        ms = cost.expected_ms(k)
+        tokens, ms = model[k], drafted[k]
         if local_lookup and 0 < k <= lookup:        # the gateway copies the block itself (gateway.rounds)
-            tokens, ms = expected_tokens([a_lookup] * k), cost.local_lookup_ms(k)
+            tokens, ms = copies[k], cost.local_lookup_ms(k)
         elif n_lookup and y > 0:
-            tokens = y * expected_tokens([a_lookup] * n_lookup + model[:k - n_lookup]) + (1 - y) * tokens
-            ms = y * cost.expected_ms(k, n_lookup) + (1 - y) * ms
+            # E[copies then model tokens] = E[copies] + P(all n copies accepted) * (E[model tokens] - 1)
+            tokens = y * (copies[n_lookup] + a_lookup ** n_lookup * (model[k - n_lookup] - 1.0)) + (1 - y) * tokens
+            ms = y * with_copies[k] + (1 - y) * ms
         ms = max(1e-9, ms)
         out.append(Candidate(k, tokens, ms, tokens / ms))
     return tuple(out)
@@ -611,7 +671,8 @@ class DraftLengthPolicy:
     probe_cap: int = 256                # the budget (below) sets the interval up to this; a probe that pays a
                                         # cold drafter session (the whole context to catch up on) costs 2-4x a plain step
     probe_k_max: int = 4
-    probe_budget: float = 0.02          # worst-case share of plain throughput spent on refused probes
+    probe_budget: float = 0.01          # worst-case share of plain throughput spent on refused probes (a
+                                        # 2 % budget was all of writing's loss to plain on the 2-core AMD EPYC)
     relax: float = 0.02                 # per plain round: stale session evidence drifts back to the prior
     interval: int = field(init=False)
     plain_streak: int = field(init=False, default=0)

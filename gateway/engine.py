@@ -70,6 +70,11 @@ class GatewayConfig:
     drafter_retry_max_s: float = 15.0     # longest wait between probes of a failed drafter
     max_concurrent_requests: int = 64     # more at once are refused (RESOURCE_EXHAUSTED); 0: no limit
     local_lookup: bool = True             # blocks prompt lookup supplies whole are copied here (gateway.rounds)
+    probe_budget: float = 0.01            # auto: worst-case share of plain throughput spent probing a losing drafter
+
+    def __post_init__(self):
+        if not 0.0 <= self.probe_budget < 1.0:
+            raise ValueError(f"--probe-budget must be in [0, 1) (a share of plain throughput), got {self.probe_budget}")
 
 
 def build_tokenizer(target_info: TargetInfo):
@@ -231,7 +236,8 @@ class Gateway:
         gateway's measured costs and this session's acceptance (starting from the gateway-wide figures)."""
         prior = self.acceptance[sampling.greedy]
         return DraftLengthPolicy(self.cost, AcceptanceEstimator(prior=prior), pinned=pinned or None,
-                                 k_cap=self.config.auto_max_draft_length, shared=self.probe_schedule[sampling.greedy])
+                                 k_cap=self.config.auto_max_draft_length, probe_budget=self.config.probe_budget,
+                                 shared=self.probe_schedule[sampling.greedy])
 
     def draft_confidence(self, params: GenerateParams) -> float:
         """The confidence stop of a request: its own value, else the gateway's default."""

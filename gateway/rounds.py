@@ -39,7 +39,7 @@ from gateway.tracing import round_attributes
 from tandem import telemetry
 from tandem.draft_checks import check_draft
 from tandem.errors import CapacityExceeded, InvalidInput
-from tandem.lookup import find_lookup, lookup_proposal
+from tandem.lookup import LookupIndex, lookup_proposal
 from tandem.round_record import Round
 from tandem.types import LookupRule, Proposal, SamplingParams
 
@@ -79,6 +79,8 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
     chooses each round's k (None: always ``req.k``)."""
     sequence = list(req.prompt_ids)     # prompt + every emitted token
     drafter_seen = 0                    # len(sequence) when the drafter last saw it
+    rule = req.lookup
+    lookup = LookupIndex(rule.max_ngram, rule.min_ngram) if rule is not None and rule.max_ngram > 0 else None
     remaining = req.max_tokens
 
     t0 = time.perf_counter()
@@ -103,9 +105,7 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
             decision = None
             # what prompt lookup will copy this round (the drafter's own rule, from its GetInfo): such tokens
             # are nearly free and often accepted, so they change the best k
-            rule = req.lookup
-            looked, ngram = (find_lookup(sequence, budget, rule.max_ngram, rule.min_ngram)
-                             if budget > 0 and rule is not None else ([], 0))
+            looked, ngram = lookup.find(sequence, budget) if budget > 0 and lookup is not None else ([], 0)
             local = req.local_lookup and bool(looked) and rule.copies_unchecked(ngram)
             if policy is not None and drafter is not None:
                 decision = policy.next_k(budget, len(looked), ngram, local)

@@ -55,3 +55,32 @@ def find_lookup(context: Sequence[int], k: int, max_ngram: int = 4, min_ngram: i
             if s + n < size and np.array_equal(ctx[s:s + n], tail):
                 return ctx[s + n: s + n + k].tolist(), n
     return [], 0
+
+
+class LookupIndex:
+    """``find_lookup`` over a sequence that only grows (the gateway's, round after round), at a cost per
+    call that does not grow with it: every n-gram (n = min_ngram .. max_ngram) is indexed once, by the end
+    of its most recent occurrence. Same answers as ``find_lookup`` (tests/unit/test_lookup.py). A context
+    that is not an extension of the last one (shorter, or its last indexed tokens differ) is re-indexed."""
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
+        self.max_ngram, self.min_ngram = int(max_ngram), max(1, int(min_ngram))
+        self._end: dict[tuple[int, ...], int] = {}   # n-gram -> end (exclusive) of its latest indexed occurrence
+        self._done = 0                               # length of the context last seen
+        self._tail: list[int] = []                   # its last max_ngram tokens
+
+    def find(self, context: Sequence[int], k: int) -> tuple[list[int], int]:
+        size, done, hi, lo = len(context), self._done, self.max_ngram, self.min_ngram
+        if done > size or list(context[max(0, done - hi):done]) != self._tail:
+            self._end.clear()
+            done = 0
+        # n-grams ending at e = done .. size-1; the context's own tail (ending at size) is not an earlier occurrence
+        for e in range(max(done, 1), size):
+            for n in range(lo, min(hi, e) + 1):
+                self._end[tuple(context[e - n:e])] = e
+        self._done, self._tail = size, list(context[max(0, size - hi):size])
+        for n in range(min(hi, size - 1), lo - 1, -1):
+            e = self._end.get(tuple(context[size - n:]))
+            if e is not None:
+                return list(context[e:e + k]), n
+        return [], 0

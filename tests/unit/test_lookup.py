@@ -56,3 +56,23 @@ def test_drafter_mixes_lookup_and_model_tokens(tiny_drafter_onnx):
         "f", 0, ctx + [12, 13, 99 % 64], 3, SamplingParams())
     assert after.token_ids == fresh.token_ids
     assert np.all(np.asarray(after.token_ids) < 64)
+
+
+def test_the_gateway_s_incremental_index_finds_what_find_lookup_finds():
+    """LookupIndex (the gateway's, fed a sequence that grows every round) answers exactly as find_lookup
+    over the whole sequence, for every rule bound, block length and growth step; a sequence that is not an
+    extension is re-indexed."""
+    from tandem.lookup import LookupIndex, find_lookup
+    rng = np.random.default_rng(7)
+    for max_ngram, min_ngram in ((4, 1), (4, 2), (3, 3), (1, 1)):
+        for trial in range(8):
+            vocab = int(rng.integers(2, 12))
+            seq = rng.integers(0, vocab, size=int(rng.integers(1, 20))).tolist()
+            index = LookupIndex(max_ngram, min_ngram)
+            while len(seq) < 300:
+                k = int(rng.integers(1, 9))
+                assert index.find(seq, k) == find_lookup(seq, k, max_ngram, min_ngram), (seq, k)
+                seq = seq + rng.integers(0, vocab, size=int(rng.integers(1, 6))).tolist()
+            other = seq[:50] + [vocab + 1] + seq[51:120]            # a different sequence: re-indexed
+            assert index.find(other, 4) == find_lookup(other, 4, max_ngram, min_ngram)
+            assert index.find(seq[:30], 4) == find_lookup(seq[:30], 4, max_ngram, min_ngram)
