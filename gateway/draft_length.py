@@ -17,7 +17,10 @@ Pieces (all plain Python, no grpc/torch/numpy):
   forward over w+1 positions) as a decayed mean per observed width, seedable from the verifier's
   profile table; unobserved widths are read off a monotone (isotonic) fit of the observed ones,
   interpolated linearly and extrapolated with the last slope. Drafter ms per *model* token (tokens
-  copied by prompt lookup cost next to nothing and are timed separately); round overhead (network,
+  copied by prompt lookup cost next to nothing and are timed separately), and per context token it
+  reads before drafting when a call finds it behind (a new session, or the tokens of a plain streak:
+  ``catch_up_ms``; a block pays the share of it that its expected tokens are of what the request has
+  left, since the drafter stays caught up for the rounds after); round overhead (network,
   serialization) for plain rounds and for speculative rounds, whose difference is the round trip
   to the drafter: on a slow link a speculative round carries a larger fixed cost, so longer blocks
   amortise it and the chosen k grows.
@@ -83,6 +86,7 @@ class RoundFigures:
     propose_wall_ms: float | None = None  # wall time of the Propose call at the gateway, if timed
     lookup_predicted: int = 0           # lookup tokens the gateway predicted at the block's head (its choice of k)
     lookup_ngram: int = 0               # the n-gram length that prediction was found by (0: none / unknown)
+    catch_up: int = 0                   # context tokens the drafter had not seen before this call (read first)
 
     def __post_init__(self):
         if self.from_lookup and len(self.from_lookup) != self.width:
@@ -163,6 +167,9 @@ def _isotonic(points: Sequence[tuple[int, float, float]]) -> list[tuple[int, flo
 # ---------------------------------------------------------------------------------------------------
 # Costs
 # ---------------------------------------------------------------------------------------------------
+CATCH_UP_FREE = 16      # context tokens a drafter call reads at no extra cost (those a drafting round brings)
+
+
 class CostModel:
     """Measured costs of one verifier + drafter pair, learned online with decayed means.
 
@@ -187,6 +194,7 @@ class CostModel:
         self._verify: dict[int, _Ewma] = {}
         self._draft_per_token = _Ewma(alpha)
         self._lookup_per_token = _Ewma(alpha)
+        self._catch_up_per_token = _Ewma(alpha)
         self._plain_overhead = _Ewma(alpha)
         self._spec_overhead = _Ewma(alpha)
         self._fit: list[tuple[int, float]] | None = None
@@ -220,7 +228,11 @@ class CostModel:
             model, lookup = fig.model_tokens, fig.lookup_tokens
             if model > 0:
                 lookup_ms = lookup * self._lookup_per_token.mean if self._lookup_per_token.known else 0.0
-                self._draft_per_token.add(max(0.0, fig.draft_ms - lookup_ms) / model)
+                model_ms = max(0.0, fig.draft_ms - lookup_ms)
+                if fig.catch_up <= CATCH_UP_FREE:
+                    self._draft_per_token.add(model_ms / model)
+                else:   # a call after plain rounds (a probe) or on a new session: the drafter read the context first
+                    self._catch_up_per_token.add(max(0.0, model_ms - model * self._draft_per_token.mean) / fig.catch_up)
             elif lookup > 0:
                 self._lookup_per_token.add(max(0.0, fig.draft_ms) / lookup)
             overhead = max(0.0, fig.round_ms - fig.draft_ms - fig.verify_ms)
@@ -292,6 +304,12 @@ class CostModel:
     def lookup_ms_per_token(self) -> float:
         return self._lookup_per_token.mean
 
+    def catch_up_ms(self, tokens: int) -> float:
+        """What the drafter spends reading ``tokens`` of context it has not seen (a session new to it, or
+        the tokens of a plain streak) before it drafts: 0 up to ``CATCH_UP_FREE`` (a drafting round's own
+        few, in ``draft_ms_per_token``), measured per token beyond."""
+        return self._catch_up_per_token.mean * tokens if tokens > CATCH_UP_FREE else 0.0
+
     @property
     def plain_overhead_ms(self) -> float:
         return self._plain_overhead.mean
@@ -338,6 +356,7 @@ class CostModel:
         out = {f"verify_ms_w{w}": round(self.verify_ms(w), 4) for w in range(max_width + 1)}
         out.update(draft_ms_per_token=round(self.draft_ms_per_token, 4),
                    lookup_ms_per_token=round(self.lookup_ms_per_token, 4),
+                   catch_up_ms_per_token=round(self._catch_up_per_token.mean, 4),
                    plain_overhead_ms=round(self.plain_overhead_ms, 4),
                    speculative_overhead_ms=round(self.speculative_overhead_ms, 4),
                    drafter_round_trip_ms=round(self.drafter_round_trip_ms, 4),
@@ -586,7 +605,8 @@ class Decision:
 
 
 def _candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[int],
-                lookup_available: int, lookup_ngram: int = 0, local_lookup: bool = False) -> tuple[Candidate, ...]:
+                lookup_available: int, lookup_ngram: int = 0, local_lookup: bool = False,
+                catch_up_ms: float = 0.0, remaining: int = 0) -> tuple[Candidate, ...]:
     lookup = max(0, int(lookup_available))
     top = max(ks, default=0)
     # model[:k] and lookup[:n] + model[:k - n] blocks' expected tokens, from running products (O(k_max) a round)
@@ -603,26 +623,35 @@ def _candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[i
         tokens, ms = model[k], drafted[k]
         if local_lookup and 0 < k <= lookup:        # the gateway copies the block itself (gateway.rounds)
             tokens, ms = copies[k], cost.local_lookup_ms(k)
-        elif n_lookup and y > 0:
-            # E[copies then model tokens] = E[copies] + P(all n copies accepted) * (E[model tokens] - 1)
-            tokens = y * (copies[n_lookup] + a_lookup ** n_lookup * (model[k - n_lookup] - 1.0)) + (1 - y) * tokens
-            ms = y * with_copies[k] + (1 - y) * ms
+        else:
+            if n_lookup and y > 0:
+                # E[copies then model tokens] = E[copies] + P(all n copies accepted) * (E[model tokens] - 1)
+                tokens = y * (copies[n_lookup] + a_lookup ** n_lookup * (model[k - n_lookup] - 1.0)) + (1 - y) * tokens
+                ms = y * with_copies[k] + (1 - y) * ms
+            if k and catch_up_ms:
+                # the drafter reads what it has not seen first; that serves every later round it drafts, so
+                # this round pays its share of the rest of the request (all of it when the rest is unknown)
+                ms += catch_up_ms * (min(1.0, tokens / remaining) if remaining > 0 else 1.0)
         ms = max(1e-9, ms)
         out.append(Candidate(k, tokens, ms, tokens / ms))
     return tuple(out)
 
 
 def choose_k(cost: CostModel, acceptance: AcceptanceEstimator, k_max: int, lookup_available: int = 0,
-             lookup_ngram: int = 0, local_lookup: bool = False) -> Decision:
+             lookup_ngram: int = 0, local_lookup: bool = False, catch_up_ms: float = 0.0,
+             remaining: int = 0) -> Decision:
     """The k in 0..k_max with the most expected tokens per ms (ties: the smaller k).
 
     ``lookup_available``: how many tokens prompt lookup is expected to supply at the head of the block
     (the gateway can run the same lookup over the sequence it holds); they count with the lookup
     acceptance and the lookup cost; ``lookup_ngram``: the length of the n-gram they were found by (their
     acceptance is learned per length). ``local_lookup``: a block of k <= lookup_available is copied by
-    the gateway itself (no drafter call: ``CostModel.local_lookup_ms``), with certainty."""
+    the gateway itself (no drafter call: ``CostModel.local_lookup_ms``), with certainty. ``catch_up_ms``: what a
+    drafter call this round spends first on context it has not seen (``CostModel.catch_up_ms``); a block
+    expected to bring t of the request's ``remaining`` tokens is charged t / remaining of it."""
     k_max = max(0, int(k_max))
-    cands = _candidates(cost, acceptance, range(k_max + 1), lookup_available, lookup_ngram, local_lookup)
+    cands = _candidates(cost, acceptance, range(k_max + 1), lookup_available, lookup_ngram, local_lookup,
+                        catch_up_ms, remaining)
     best = cands[0]
     for c in cands[1:]:
         if c.tokens_per_ms > best.tokens_per_ms * (1.0 + 1e-9):
@@ -688,6 +717,7 @@ class DraftLengthPolicy:
                                         # the last ones left the schedule, not at probe_every again
     lookup_predicted: int = field(init=False, default=0)  # the last next_k's lookup_available
     lookup_ngram: int = field(init=False, default=0)      # and the n-gram length it was found by
+    behind: int = field(init=False, default=0)            # the last next_k's context tokens unseen by the drafter
 
     def __post_init__(self):
         start = (self.shared or {}).get("interval", self.probe_every)
@@ -699,24 +729,28 @@ class DraftLengthPolicy:
             self.shared["interval"] = interval
 
     def next_k(self, k_max: int, lookup_available: int = 0, lookup_ngram: int = 0,
-               local_lookup: bool = False) -> Decision:
+               local_lookup: bool = False, behind: int = 0, remaining: int = 0) -> Decision:
         """``lookup_available`` tokens prompt lookup copies at the block's head this round (found by an
         ``lookup_ngram``-token match); ``local_lookup``: a block of at most that many is copied by the
-        gateway itself (gateway.rounds), without a drafter call."""
+        gateway itself (gateway.rounds), without a drafter call. ``behind``: context tokens the drafter has
+        not seen (it reads them before drafting); ``remaining``: tokens the request may still emit."""
         k_max = max(0, int(k_max))
+        self.behind = max(0, int(behind))
+        catch_up = self.cost.catch_up_ms(self.behind)
         self._probe_plain_rate = self._spec_plain_rate = None
         self.lookup_predicted = max(0, int(lookup_available))
         self.lookup_ngram = max(0, int(lookup_ngram)) if self.lookup_predicted else 0
         if self.pinned is not None:
             k = min(self.pinned, k_max)
-            c, = _candidates(self.cost, self.acceptance, (k,), lookup_available, self.lookup_ngram, local_lookup)
+            c, = _candidates(self.cost, self.acceptance, (k,), lookup_available, self.lookup_ngram, local_lookup,
+                             catch_up, remaining)
             d = Decision(k, c.expected_tokens, c.expected_ms, c.tokens_per_ms, (c,), "pinned")
         elif not self.cost.ready and k_max > 0:
             k = min(self.fallback_k, k_max)
             d = Decision(k, float("nan"), float("nan"), float("nan"), (), "no-figures")
         else:
             d = choose_k(self.cost, self.acceptance, min(k_max, self.k_cap), lookup_available, self.lookup_ngram,
-                         local_lookup)
+                         local_lookup, catch_up, remaining)
             # blocks the gateway copies itself (local lookup) are not the drafter's: they neither probe it
             # nor, when they win, say that it pays
             copied = lookup_available if local_lookup else 0
@@ -762,6 +796,8 @@ class DraftLengthPolicy:
                 extra["lookup_predicted"] = self.lookup_predicted
             if extra:
                 fig = dataclasses.replace(fig, **extra)
+        if fig.speculative and fig.width and self.behind and not fig.catch_up:
+            fig = dataclasses.replace(fig, catch_up=self.behind)
         self.cost.observe(fig)
         self.acceptance.observe(fig)
         if fig.width == 0 and self.relax:

@@ -108,7 +108,8 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
             looked, ngram = lookup.find(sequence, budget) if budget > 0 and lookup is not None else ([], 0)
             local = req.local_lookup and bool(looked) and rule.copies_unchecked(ngram)
             if policy is not None and drafter is not None:
-                decision = policy.next_k(budget, len(looked), ngram, local)
+                decision = policy.next_k(budget, len(looked), ngram, local, behind=len(sequence) - drafter_seen,
+                                         remaining=remaining)
             k = decision.k if decision is not None else budget
             proposal, fallback, propose_ms, called = Proposal(()), "", None, False
             if local and 0 < k <= len(looked):
