@@ -139,7 +139,7 @@ def history_policy():
     seen = {"n": 0}         # speculative rounds so far plus the drafts they accepted, over all requests
 
     class History:
-        def next_k(self, budget, lookup_available=0, lookup_ngram=0, local_lookup=False):
+        def next_k(self, budget, lookup_available=0, lookup_ngram=0, local_lookup=False, behind=0, remaining=0):
             return Decision(min(budget, 1 + seen["n"] % 2), 0.0, 0.0, 0.0, (), "history")
 
         def observe(self, fig):
