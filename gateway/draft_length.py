@@ -338,13 +338,9 @@ class CostModel:
         """``expected_ms(k, lookup_tokens)`` for k = 0..top in one pass (the choice reads every k each round).
         k = 0 is a plain step: verify at width 0 and the plain overhead, no draft and no drafter trip."""
         verify = self.verify_curve(top)
-        per_model, per_lookup = self._draft_per_token.mean, self._lookup_per_token.mean
-        spec, lookup = self.speculative_overhead_ms, max(0, lookup_tokens)
-        out = [verify[0] + self._plain_overhead.mean]
-        for k in range(1, top + 1):
-            n = min(lookup, k)
-            out.append((k - n) * per_model + n * per_lookup + verify[k] + spec)
-        return out
+        spec = self.speculative_overhead_ms
+        return [verify[0] + self._plain_overhead.mean] + [self.draft_ms(k, lookup_tokens) + verify[k] + spec
+                                                          for k in range(1, top + 1)]
 
     def local_lookup_ms(self, k: int) -> float:
         """Expected wall ms of a round whose block of k the gateway copies by prompt lookup itself: no
@@ -561,16 +557,9 @@ class AcceptanceEstimator:
 
 def expected_tokens(acceptances: Sequence[float]) -> float:
     """E[tokens emitted by a round] = 1 + sum_j prod_{i<=j} a_i (the recovered/bonus token included)."""
-    total, run = 1.0, 1.0
-    for a in acceptances:
-        run *= a
-        total += run
-    return total
+    return _expected_prefixes(acceptances)[-1]
 
 
-# ---------------------------------------------------------------------------------------------------
-# The choice
-# ---------------------------------------------------------------------------------------------------
 def _expected_prefixes(acceptances: Sequence[float]) -> list[float]:
     """[expected_tokens(acceptances[:j]) for j in 0..len(acceptances)] in one pass."""
     out, total, run = [1.0], 1.0, 1.0
@@ -581,6 +570,9 @@ def _expected_prefixes(acceptances: Sequence[float]) -> list[float]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------------
+# The choice
+# ---------------------------------------------------------------------------------------------------
 class Candidate(NamedTuple):
     """One k the choice weighed (a tuple: nine of them are built every round)."""
 
@@ -787,17 +779,17 @@ class DraftLengthPolicy:
         return d
 
     def observe(self, fig: RoundFigures) -> None:
+        extra = {}                          # what this policy knows of the round that the figures lack
         if fig.width and self.lookup_predicted:
-            extra = {}
             if not fig.lookup_ngram:        # the copies' acceptance is learned per match length, copied here or not
                 extra["lookup_ngram"] = self.lookup_ngram
             # the lookup yield is the drafter's: a block the gateway copied itself says nothing about it
             if fig.speculative and not fig.lookup_predicted:
                 extra["lookup_predicted"] = self.lookup_predicted
-            if extra:
-                fig = dataclasses.replace(fig, **extra)
         if fig.speculative and fig.width and self.behind and not fig.catch_up:
-            fig = dataclasses.replace(fig, catch_up=self.behind)
+            extra["catch_up"] = self.behind
+        if extra:
+            fig = dataclasses.replace(fig, **extra)
         self.cost.observe(fig)
         self.acceptance.observe(fig)
         if fig.width == 0 and self.relax:
