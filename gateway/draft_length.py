@@ -671,9 +671,20 @@ class DraftLengthPolicy:
     ``probe_every`` (as does a block the choice itself picked that beats a plain step; one that loses,
     e.g. on a lookup match that was wrong, leaves the schedule alone), a loss doubles it up to
     ``probe_cap`` -- and never beyond what the probe costs:
-    a probe that is refused whole costs its extra milliseconds over a plain step (expected_ms(k) /
-    expected_ms(0) - 1), so the interval stays at most that extra / ``probe_budget``, keeping the
-    worst-case loss to probing near ``probe_budget`` of plain throughput. Where verifying a short
+    a probe that is refused whole costs its extra milliseconds over a plain step (measured: round_ms /
+    the plain round's - 1), so the interval stays at most that extra / ``probe_budget``, keeping the
+    worst-case loss to probing near ``probe_budget`` of plain throughput. The budget holds from the
+    first probe, not only once the doubling reaches that bound: after a loss the interval is at least
+    what keeps the refused probes' extra cost since the last reset within ``probe_budget`` of the rounds
+    since then (a fresh gateway whose probes cost 2x a plain step goes from every 4th round straight to
+    about every 100th; the doubling from 4 spent 2.8 % in the first 230 rounds of `writing` on the
+    2-core AMD EPYC, the category's largest loss to plain after the gateway's own work).
+
+    Plain streaks: the estimates move by at most ``relax`` (toward the prior) a plain round, so a plain
+    choice that beat every block by a margin m stands for about m / relax rounds; the policy reuses it
+    for up to ``plain_hold_max`` rounds without weighing the candidates again, for the same room to draft
+    and lookup match (writing finds a short match most rounds), until a block is observed or a probe is due. That was ~45 us of Python a plain round, ~1.5 % of a plain
+    step there with the caches cold after each verify. Where verifying a short
     block costs about a plain step (oneDNN's flat curve) probes stay frequent and a session whose
     acceptance is bursty (writing) keeps its estimates fresh; where it costs much more (MKL's 2x at
     width 3) they back off to ``probe_cap``. The estimates the probes update decide when speculation
@@ -692,8 +703,8 @@ class DraftLengthPolicy:
     probe_cap: int = 256                # the budget (below) sets the interval up to this; a probe that pays a
                                         # cold drafter session (the whole context to catch up on) costs 2-4x a plain step
     probe_k_max: int = 4
-    probe_budget: float = 0.01          # worst-case share of plain throughput spent on refused probes (a
-                                        # 2 % budget was all of writing's loss to plain on the 2-core AMD EPYC)
+    probe_budget: float = 0.005         # worst-case share of plain throughput spent on refused probes (at 2 %
+                                        # and 1 % they were half of writing's loss to plain on the 2-core AMD EPYC)
     relax: float = 0.02                 # per plain round: stale session evidence drifts back to the prior
     interval: int = field(init=False)
     plain_streak: int = field(init=False, default=0)
@@ -710,15 +721,35 @@ class DraftLengthPolicy:
     lookup_predicted: int = field(init=False, default=0)  # the last next_k's lookup_available
     lookup_ngram: int = field(init=False, default=0)      # and the n-gram length it was found by
     behind: int = field(init=False, default=0)            # the last next_k's context tokens unseen by the drafter
+    plain_hold_max: int = 8             # plain rounds a clear plain choice is reused for (0: weigh every round)
+    _held: dict = field(init=False, default_factory=dict)  # (k_max, lookup, n-gram, local) -> (plain Decision,
+    _rounds: int = field(init=False, default=0)              # the round it expires at, its catch-up ms)
 
     def __post_init__(self):
-        start = (self.shared or {}).get("interval", self.probe_every)
+        # the probe schedule: its interval, the rounds since the drafter last drafted, and since the last
+        # reset the rounds and the refused probes' extra cost (in plain rounds); gateway-wide with ``shared``
+        self._schedule = self.shared if self.shared is not None else {}
+        start = self._schedule.get("interval", self.probe_every)
         self.interval = max(self.probe_every, min(int(start), self.probe_cap))
 
     def _set_interval(self, interval: int) -> None:
         self.interval = interval
-        if self.shared is not None:
-            self.shared["interval"] = interval
+        self._schedule["interval"] = interval
+
+    def _reset_schedule(self) -> None:
+        self._set_interval(self.probe_every)
+        self._schedule["rounds"] = self._schedule["spent"] = 0
+        self._probe_tokens = self._probe_ms = 0.0
+
+    def _hold_for(self, d: Decision) -> int:
+        """Rounds a plain choice can be reused for: each plain round moves the estimates by at most
+        ``relax``, so a choice that beat the best block by a share m cannot flip for about m / relax rounds."""
+        if d.k != 0 or len(d.candidates) < 2 or not self.plain_hold_max:
+            return 0
+        plain = d.candidates[0].tokens_per_ms
+        rival = max(c.tokens_per_ms for c in d.candidates[1:])
+        margin = 1.0 - rival / plain if plain > 0 else 0.0
+        return max(0, min(self.plain_hold_max, int(margin / max(self.relax, 0.01))))
 
     def next_k(self, k_max: int, lookup_available: int = 0, lookup_ngram: int = 0,
                local_lookup: bool = False, behind: int = 0, remaining: int = 0) -> Decision:
@@ -741,15 +772,26 @@ class DraftLengthPolicy:
             k = min(self.fallback_k, k_max)
             d = Decision(k, float("nan"), float("nan"), float("nan"), (), "no-figures")
         else:
-            d = choose_k(self.cost, self.acceptance, min(k_max, self.k_cap), lookup_available, self.lookup_ngram,
-                         local_lookup, catch_up, remaining)
+            # rounds since the drafter last drafted count gateway-wide, so requests shorter than the
+            # interval still get probes
+            self.plain_streak = self._schedule.get("streak", self.plain_streak)
+            last = self.last
+            # a clear plain choice stands (the class docstring) for the same room to draft and lookup match,
+            # while no block has been observed since and there is no less to catch up on
+            key = (k_max, self.lookup_predicted, self.lookup_ngram, local_lookup)
+            held = self._held.get(key) if self.plain_streak + 1 < self.interval else None
+            if held is not None and held[1] > self._rounds and catch_up >= held[2]:
+                d = held[0]
+            else:
+                d = choose_k(self.cost, self.acceptance, min(k_max, self.k_cap), lookup_available,
+                             self.lookup_ngram, local_lookup, catch_up, remaining)
+                hold = self._hold_for(d)
+                if hold:
+                    self._held[key] = (d, self._rounds + 1 + hold, catch_up)
+            self._rounds += 1
             # blocks the gateway copies itself (local lookup) are not the drafter's: they neither probe it
             # nor, when they win, say that it pays
             copied = lookup_available if local_lookup else 0
-            # rounds since the drafter last drafted count gateway-wide, so requests shorter than the
-            # interval still get probes
-            if self.shared is not None:
-                self.plain_streak = self.shared.get("streak", self.plain_streak)
             if k_max == 0:
                 pass                            # no room to draft (a request's last round): no evidence
             elif 0 < d.k <= copied:
@@ -773,8 +815,9 @@ class DraftLengthPolicy:
                     self.probes += 1
                     d = Decision(probe.k, probe.expected_tokens, probe.expected_ms, probe.tokens_per_ms,
                                  d.candidates, "probe")
-            if self.shared is not None:
-                self.shared["streak"] = self.plain_streak
+            if k_max:
+                self._schedule["rounds"] = self._schedule.get("rounds", 0) + 1
+            self._schedule["streak"] = self.plain_streak
         self.last = d
         return d
 
@@ -792,24 +835,31 @@ class DraftLengthPolicy:
             fig = dataclasses.replace(fig, **extra)
         self.cost.observe(fig)
         self.acceptance.observe(fig)
-        if fig.width == 0 and self.relax:
+        if fig.width:
+            self._held.clear()              # a block's evidence can move the estimates by more than relax
+        elif self.relax:
             self.acceptance.relax(self.relax)
         if self._spec_plain_rate is not None:
             if (fig.accepted + 1) / max(1e-9, fig.round_ms) >= self._spec_plain_rate:
-                self._set_interval(self.probe_every)
-                self._probe_tokens = self._probe_ms = 0.0
+                self._reset_schedule()
             self._spec_plain_rate = None
         if self._probe_plain_rate is not None:
             self._probe_tokens = self.probe_decay * self._probe_tokens + fig.accepted + 1
             self._probe_ms = self.probe_decay * self._probe_ms + max(1e-9, fig.round_ms)
             if self._probe_tokens / self._probe_ms >= self._probe_plain_rate:
-                self._set_interval(self.probe_every)
+                self._reset_schedule()
             else:
                 # the budget bounds what a refused probe costs as measured, not as predicted: a probe after
                 # a plain streak also pays the drafter's catch-up on the tokens it missed (writing, 2-core
                 # AMD EPYC: 10.1 ms measured against ~7 predicted, a 5.7 ms plain round)
-                extra = max(1e-9, fig.round_ms) * self._probe_plain_rate - 1.0
-                if extra > 0 and self.probe_budget > 0:
+                extra = max(0.0, max(1e-9, fig.round_ms) * self._probe_plain_rate - 1.0)
+                interval = self.interval * 2
+                if self.probe_budget > 0:
                     self._probe_cap_now = max(self._probe_cap_now, math.ceil(extra / self.probe_budget))
-                self._set_interval(max(1, min(self.interval * 2, self.probe_cap, self._probe_cap_now)))
+                    # and from the first probe on: the refused probes since the last reset stay within the
+                    # budget of the rounds since then
+                    spent = self._schedule.get("spent", 0.0) + extra
+                    self._schedule["spent"] = spent
+                    interval = max(interval, math.ceil(spent / self.probe_budget - self._schedule.get("rounds", 0)))
+                self._set_interval(max(1, min(interval, self.probe_cap, self._probe_cap_now)))
             self._probe_plain_rate = None

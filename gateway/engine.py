@@ -70,7 +70,7 @@ class GatewayConfig:
     drafter_retry_max_s: float = 15.0     # longest wait between probes of a failed drafter
     max_concurrent_requests: int = 64     # more at once are refused (RESOURCE_EXHAUSTED); 0: no limit
     local_lookup: bool = True             # blocks prompt lookup supplies whole are copied here (gateway.rounds)
-    probe_budget: float = 0.01            # auto: worst-case share of plain throughput spent probing a losing drafter
+    probe_budget: float = 0.005           # auto: worst-case share of plain throughput spent probing a losing drafter
 
     def __post_init__(self):
         if not 0.0 <= self.probe_budget < 1.0:
