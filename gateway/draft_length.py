@@ -148,6 +148,8 @@ class _Ewma:
 
 def _isotonic(points: Sequence[tuple[int, float, float]]) -> list[tuple[int, float]]:
     """Pool-adjacent-violators: the weighted least-squares non-decreasing fit of (x, y, weight) sorted by x."""
+    if all(a[1] <= b[1] for a, b in zip(points, points[1:])):
+        return [(x, y) for x, y, _ in points]   # already monotone (the usual case): the fit is the points
     blocks: list[list[float]] = []          # [sum w*y, sum w, first index, last index]
     xs = [p[0] for p in points]
     for i, (_, y, w) in enumerate(points):
@@ -339,8 +341,13 @@ class CostModel:
         k = 0 is a plain step: verify at width 0 and the plain overhead, no draft and no drafter trip."""
         verify = self.verify_curve(top)
         spec = self.speculative_overhead_ms
-        return [verify[0] + self._plain_overhead.mean] + [self.draft_ms(k, lookup_tokens) + verify[k] + spec
-                                                          for k in range(1, top + 1)]
+        per_model, per_lookup = self._draft_per_token.mean, self._lookup_per_token.mean
+        lookup = max(0, lookup_tokens)
+        out = [verify[0] + self._plain_overhead.mean]
+        for k in range(1, top + 1):             # draft_ms(k, lookup_tokens) + verify + overhead, inlined
+            n = lookup if lookup < k else k
+            out.append((k - n) * per_model + n * per_lookup + verify[k] + spec)
+        return out
 
     def local_lookup_ms(self, k: int) -> float:
         """Expected wall ms of a round whose block of k the gateway copies by prompt lookup itself: no
@@ -448,7 +455,8 @@ class AcceptanceEstimator:
         drift back toward the gateway-wide figures instead of freezing at their last, unlucky value."""
         self._version += 1
         for slot in (*self._model, self._lookup, *self._lookup_by_n.values(), self._yield):
-            slot.relax(beta)
+            if slot.n:                  # a slot with no evidence of its own has none to move
+                slot.relax(beta)
 
     def observe_block(self, from_lookup: Sequence[bool], accepted: int, ngram: int = 0) -> None:
         """One verified block: flags per proposed token and the number accepted. Positions after the
@@ -609,12 +617,13 @@ def _candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[i
     y = acceptance.lookup_yield() if lookup else 0.0
     drafted = cost.round_ms(top)
     with_copies = cost.round_ms(top, lookup) if lookup and y > 0 else drafted
+    verify, plain_overhead = cost.verify_curve(top), cost.plain_overhead_ms
     out = []
     for k in ks:
         n_lookup = min(lookup, k)
         tokens, ms = model[k], drafted[k]
         if local_lookup and 0 < k <= lookup:        # the gateway copies the block itself (gateway.rounds)
-            tokens, ms = copies[k], cost.local_lookup_ms(k)
+            tokens, ms = copies[k], verify[k] + plain_overhead     # CostModel.local_lookup_ms(k)
         else:
             if n_lookup and y > 0:
                 # E[copies then model tokens] = E[copies] + P(all n copies accepted) * (E[model tokens] - 1)
