@@ -672,9 +672,12 @@ class DraftLengthPolicy:
     budget and the context), ``observe(figures)`` after it. ``pinned``: an explicit k, always returned
     (cut to k_max); the figures are still recorded so the gateway-wide estimates stay current.
 
-    Probing: while k = 0 wins, every ``interval`` plain rounds one round drafts a short block: the most
-    promising k in 1..probe_k_max by the estimates (1 or 2 where the drafter looks useless or verify
-    grows steeply with width; longer on a slow link, where a short block cannot pay for the trip).
+    Probing: while k = 0 wins, every ``interval`` plain rounds one round drafts a short block: the k in
+    1..probe_k_max that would bring the most tokens per ms if the text had turned predictable (its
+    model tokens accepted at ``probe_acceptance``, or the estimates where higher), since that is what a
+    probe asks: 1 or 2 where verify grows steeply with width, longer on a slow link, where a short block
+    cannot pay for the trip however good the drafter gets (by the current, losing estimates k = 1 was
+    always the most promising, behind a 10 ms round trip too).
     A probe wins when the probes' realized tokens/ms (decayed by ``probe_decay``, so one lucky block
     does not count as a trend) beats the expected plain tokens/ms: a win resets the interval to
     ``probe_every`` (as does a block the choice itself picked that beats a plain step; one that loses,
@@ -712,6 +715,8 @@ class DraftLengthPolicy:
     probe_cap: int = 256                # the budget (below) sets the interval up to this; a probe that pays a
                                         # cold drafter session (the whole context to catch up on) costs 2-4x a plain step
     probe_k_max: int = 4
+    probe_acceptance: float = 0.8       # the acceptance a probe's length is chosen for (predictable text:
+                                        # quoted passages, code copied from the prompt)
     probe_budget: float = 0.005         # worst-case share of plain throughput spent on refused probes (at 2 %
                                         # and 1 % they were half of writing's loss to plain on the 2-core AMD EPYC)
     relax: float = 0.02                 # per plain round: stale session evidence drifts back to the prior
@@ -816,7 +821,9 @@ class DraftLengthPolicy:
                 eligible = [c for c in d.candidates[1:min(self.probe_k_max, k_max) + 1] if c.k > copied]
                 if self.plain_streak >= self.interval and eligible:      # else: the next round probes
                     self.plain_streak = 0
-                    probe = max(eligible, key=lambda c: c.tokens_per_ms)
+                    hoped = _expected_prefixes([max(a, self.probe_acceptance) for a in
+                                                self.acceptance.model_acceptances(eligible[-1].k)])
+                    probe = max(eligible, key=lambda c: hoped[c.k] / c.expected_ms)
                     self._probe_plain_rate = d.candidates[0].tokens_per_ms
                     extra = probe.expected_ms / d.candidates[0].expected_ms - 1.0
                     self._probe_cap_now = (max(1, math.ceil(extra / self.probe_budget)) if math.isfinite(extra)
