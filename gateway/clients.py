@@ -105,6 +105,9 @@ class DrafterClient:
         self.timeout_s = timeout_s
         self.channel = open_channel(address, interceptors)
         self.stub = drafter_grpc.DrafterStub(self.channel)
+        # sessions a Propose was sent for: only those can exist on the drafter, so only those need an EndSession
+        # (an auto request that stayed plain never calls the drafter; behind a 10 ms link its End cost 10 ms)
+        self._opened: set[str] = set()
 
     async def info(self, wait_s: float | None = None) -> ModelInfo:
         try:
@@ -122,6 +125,7 @@ class DrafterClient:
                                              appended_tokens=list(appended_tokens), k=k,
                                              sampling=sampling_to_pb(sampling), min_confidence=min_confidence,
                                              session_token=token)
+        self._opened.add(session_id)
         try:
             reply = await self.stub.Propose(request, timeout=call_timeout(self.timeout_s))
             return Proposal(tuple(draft_from_pb(reply.tokens)), reply.compute_ms)
@@ -133,6 +137,9 @@ class DrafterClient:
             raise DrafterUnavailable(f"drafter {self.address}: unusable Propose reply ({exc!r})") from exc
 
     async def end(self, session_id: str, token: str = "") -> None:
+        if session_id not in self._opened:
+            return                  # never proposed for: the drafter holds no such session
+        self._opened.discard(session_id)
         try:
             await _not_past_deadline(self.stub.EndSession(common_pb2.EndSessionRequest(session_id=session_id,
                                                                                         session_token=token),

@@ -714,7 +714,7 @@ class DraftLengthPolicy:
     probe_every: int = 4
     probe_cap: int = 256                # the budget (below) sets the interval up to this; a probe that pays a
                                         # cold drafter session (the whole context to catch up on) costs 2-4x a plain step
-    probe_k_max: int = 4
+    probe_k_max: int = 8                # (4 capped the probe behind a slow link at what loopback probed)
     probe_acceptance: float = 0.8       # the acceptance a probe's length is chosen for (predictable text:
                                         # quoted passages, code copied from the prompt)
     probe_budget: float = 0.005         # worst-case share of plain throughput spent on refused probes (at 2 %

@@ -18,6 +18,7 @@ drafter), which takes minutes on a CPU.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -314,6 +315,9 @@ def test_auto_draft_length_grows_with_the_round_trip_to_the_drafter(hosts, reque
                          f"{tps / best_tps:4.2f}x best fixed (k={best_k})  mean k {r['mean_k']:.2f} "
                          f"({r['mean_k_drafted']:.2f} when drafting, {r['mean_k_fetched']:.2f} fetched)  "
                          f"plain rounds {r['k0_share'] * 100:3.0f}%  tau {tau:.2f}")
+            if name.endswith("auto"):           # the blocks fetched from the drafter, "k:reason": count
+                blocks = collections.Counter(r.get("fetched_blocks", []))
+                lines.append(f"[netns-auto]     fetched blocks: {dict(sorted(blocks.items())) or 'none'}")
     print("\n" + "\n".join(lines))
     (tmp_path / "netns_auto.txt").write_text("\n".join(lines) + "\n")
     plain = results["loopback plain"]["outputs"]

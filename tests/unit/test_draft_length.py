@@ -275,7 +275,7 @@ def test_cheap_probes_stay_frequent_and_their_worst_case_cost_stays_within_the_b
     """With a nearly flat verify curve a refused probe costs ~5 % of a plain step, so the interval stops
     at ceil(0.05 / probe_budget) instead of doubling to the cap: estimates stay fresh where acceptance is
     bursty, and even a drafter that never pays costs at most ~probe_budget of plain throughput."""
-    policy = flat_losing_policy(probe_every=1, probe_cap=64, probe_budget=0.02)
+    policy = flat_losing_policy(probe_every=1, probe_cap=64, probe_budget=0.02, probe_k_max=2)   # blocks of <= 2
     spent = {"plain": 0.0, "probe": 0.0}
     probes = []
     for rnd in range(1, 400):
