@@ -199,6 +199,7 @@ class CostModel:
         self._catch_up_per_token = _Ewma(alpha)
         self._plain_overhead = _Ewma(alpha)
         self._spec_overhead = _Ewma(alpha)
+        self._pinged_round_trip = 0.0          # a ping of the drafter (GetInfo), until Propose calls are measured
         self._fit: list[tuple[int, float]] | None = None
         self._curve: list[float] = []          # verify_ms per width 0.., read off the current fit
         self.rounds_observed = 0
@@ -220,6 +221,14 @@ class CostModel:
         """Seeds the overheads; ``speculative_ms`` defaults to ``plain_ms`` (drafter next door)."""
         self._plain_overhead.seed(plain_ms, weight)
         self._spec_overhead.seed(plain_ms if speculative_ms is None else speculative_ms, weight)
+
+    def seed_drafter_round_trip(self, ms: float) -> None:
+        """The round trip to the drafter as a ping measured it (the gateway times GetInfo at first use): until
+        rounds that call the drafter are measured, a speculative round's overhead is the plain one plus this.
+        Without it the first probes behind a slow link were chosen as if the drafter were next door."""
+        if not math.isfinite(float(ms)) or float(ms) < 0:
+            raise ValueError(f"bad drafter round trip: {ms}")
+        self._pinged_round_trip = float(ms)
 
     def observe(self, fig: RoundFigures) -> None:
         """Learns from one round (not the prefill)."""
@@ -320,7 +329,7 @@ class CostModel:
     def speculative_overhead_ms(self) -> float:
         """Overhead of a speculative round; at least the plain one (it adds the drafter's round trip)."""
         if not self._spec_overhead.known:
-            return self._plain_overhead.mean
+            return self._plain_overhead.mean + self._pinged_round_trip
         return max(self._spec_overhead.mean, self._plain_overhead.mean)
 
     @property
@@ -363,6 +372,7 @@ class CostModel:
                    plain_overhead_ms=round(self.plain_overhead_ms, 4),
                    speculative_overhead_ms=round(self.speculative_overhead_ms, 4),
                    drafter_round_trip_ms=round(self.drafter_round_trip_ms, 4),
+                   drafter_ping_ms=round(self._pinged_round_trip, 4),
                    rounds_observed=float(self.rounds_observed))
         return out
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import secrets
 import sys
 import time
@@ -147,9 +148,23 @@ class Gateway:
                     f"{self.target.vocab_hash[:19]}…): export a drafter with the target's tokenizer, or use "
                     "--no-speculation")
             self._drafter_info = info
+            await self._ping_drafter()
         self._drafter_down_since = None
         self.drafter_down_reason = ""
         return self.drafter
+
+    async def _ping_drafter(self, pings: int = 3) -> None:
+        """Times GetInfo (the fastest of ``pings``; the first call may include a TLS handshake) and seeds the
+        cost model's drafter round trip with it, so the first blocks behind a slow link are chosen knowing it."""
+        best = math.inf
+        for _ in range(pings):
+            t0 = time.perf_counter()
+            try:
+                await self.drafter.info()
+            except DrafterUnavailable:
+                return                      # the next Propose finds out; nothing to seed
+            best = min(best, (time.perf_counter() - t0) * 1e3)
+        self.cost.seed_drafter_round_trip(best)
 
     def mark_drafter_down(self, reason: str) -> None:
         if self._drafter_down_since is None:       # log the change, not every request that follows it

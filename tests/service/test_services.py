@@ -96,6 +96,8 @@ def test_a_request_that_never_called_the_drafter_sends_it_no_end_session(stack, 
     drafted = stack.gateway_stub.Generate(request(prompt="w1 w2", max_tokens=12, draft_length=2), timeout=60)
     assert drafted.stats.proposed > 0 and len(ended) == 1
     assert len(stack.target.sessions) == 0 and stack.drafter.session_count() == 0
+    # the drafter was pinged at first use: its round trip seeds the cost model until Propose calls are timed
+    assert 0.0 < stack.gateway.cost.table()["drafter_ping_ms"] < 1000.0
 
 
 @pytest.mark.parametrize("req, message", [

@@ -727,3 +727,26 @@ def test_a_probe_drafts_the_block_that_would_pay_if_the_text_turned_predictable(
         assert by_estimates == 1
         probes[link] = ks[3].k
     assert probes == {"loopback": 2, "slow": 4}
+
+
+def test_a_pinged_round_trip_counts_until_drafter_calls_are_measured():
+    """Before any round called the drafter, a speculative round's overhead is the plain one plus the round
+    trip a ping measured (the gateway times GetInfo at first use), so the first probe behind a slow link
+    is chosen knowing the trip; measured rounds then take over."""
+    verify = {w: 10.0 + 3.0 * w for w in range(9)}
+    near, far = (cost_model(verify, draft_per_token=1.0, plain_oh=0.5) for _ in range(2))
+    far._spec_overhead = type(far._spec_overhead)(far.alpha)          # nothing measured yet
+    near._spec_overhead = type(near._spec_overhead)(near.alpha)
+    far.seed_drafter_round_trip(10.0)
+    assert far.speculative_overhead_ms == pytest.approx(10.5) and near.speculative_overhead_ms == pytest.approx(0.5)
+    probe = {}
+    for name, cost in (("near", near), ("far", far)):
+        policy = DraftLengthPolicy(cost, AcceptanceEstimator(default=0.2), probe_every=1)
+        d = policy.next_k(8)
+        assert d.reason == "probe"
+        probe[name] = d.k
+    assert probe["far"] > probe["near"]
+    far.observe(RoundFigures(width=2, accepted=0, verify_ms=16.0, draft_ms=2.0, round_ms=19.0, propose_wall_ms=2.5))
+    assert far.speculative_overhead_ms == pytest.approx(1.0)         # measured: 19 - 16 - 2
+    with pytest.raises(ValueError):
+        far.seed_drafter_round_trip(float("nan"))
