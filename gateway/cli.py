@@ -17,8 +17,8 @@ def configure(p) -> None:
          "round from the measured verify/draft/network costs and the session's acceptance (0 = a plain step "
          "where speculation does not pay); N pins it (requests may pin their own)")
     flag(p, "max-draft-length", 8, int, help="the longest block auto drafts")
-    flag(p, "probe-budget", 0.005, float, help="auto: while speculation loses, a short block now and then "
-         "probes the drafter: after 4 plain rounds, then as often as keeps the refused probes' measured cost "
+    flag(p, "probe-budget", 0.005, float, help="auto: while speculation loses, a block now and then (as long "
+         "as would pay for predictable text) probes the drafter: after 4 plain rounds, then as often as keeps the refused probes' measured cost "
          "within this share of plain decoding's throughput (0.005: ~0.5 %%, about every 200th round where a "
          "probe costs two plain steps), doubling the interval while probes lose; 0: the doubling alone, up "
          "to every 256th round")

@@ -682,7 +682,7 @@ class DraftLengthPolicy:
     budget and the context), ``observe(figures)`` after it. ``pinned``: an explicit k, always returned
     (cut to k_max); the figures are still recorded so the gateway-wide estimates stay current.
 
-    Probing: while k = 0 wins, every ``interval`` plain rounds one round drafts a short block: the k in
+    Probing: while k = 0 wins, every ``interval`` plain rounds one round drafts a probe block: the k in
     1..probe_k_max that would bring the most tokens per ms if the text had turned predictable (its
     model tokens accepted at ``probe_acceptance``, or the estimates where higher), since that is what a
     probe asks: 1 or 2 where verify grows steeply with width, longer on a slow link, where a short block
