@@ -336,10 +336,6 @@ class CostModel:
     def drafter_round_trip_ms(self) -> float:
         return self.speculative_overhead_ms - self.plain_overhead_ms
 
-    def draft_ms(self, k: int, lookup_tokens: int = 0) -> float:
-        lookup = min(max(0, lookup_tokens), k)
-        return (k - lookup) * self._draft_per_token.mean + lookup * self._lookup_per_token.mean
-
     def expected_ms(self, k: int, lookup_tokens: int = 0) -> float:
         """Expected wall ms of a round with a block of k (the first ``lookup_tokens`` copied by lookup)."""
         k = max(0, k)
@@ -353,7 +349,7 @@ class CostModel:
         per_model, per_lookup = self._draft_per_token.mean, self._lookup_per_token.mean
         lookup = max(0, lookup_tokens)
         out = [verify[0] + self._plain_overhead.mean]
-        for k in range(1, top + 1):             # draft_ms(k, lookup_tokens) + verify + overhead, inlined
+        for k in range(1, top + 1):             # draft: k - n model tokens and n lookup copies
             n = lookup if lookup < k else k
             out.append((k - n) * per_model + n * per_lookup + verify[k] + spec)
         return out
@@ -361,7 +357,12 @@ class CostModel:
     def local_lookup_ms(self, k: int) -> float:
         """Expected wall ms of a round whose block of k the gateway copies by prompt lookup itself: no
         drafter call, so no draft time and no round trip to the drafter."""
-        return self.verify_ms(k) + self.plain_overhead_ms
+        return self.local_lookup_curve(k)[k]
+
+    def local_lookup_curve(self, top: int) -> list[float]:
+        """``local_lookup_ms(k)`` for k = 0..top in one pass."""
+        plain = self._plain_overhead.mean
+        return [v + plain for v in self.verify_curve(top)[:top + 1]]
 
     def table(self, max_width: int = 8) -> dict[str, float]:
         """Plain figures for display and Prometheus gauges."""
@@ -627,13 +628,13 @@ def _candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[i
     y = acceptance.lookup_yield() if lookup else 0.0
     drafted = cost.round_ms(top)
     with_copies = cost.round_ms(top, lookup) if lookup and y > 0 else drafted
-    verify, plain_overhead = cost.verify_curve(top), cost.plain_overhead_ms
+    copied_ms = cost.local_lookup_curve(top) if local_lookup and lookup else None
     out = []
     for k in ks:
         n_lookup = min(lookup, k)
         tokens, ms = model[k], drafted[k]
         if local_lookup and 0 < k <= lookup:        # the gateway copies the block itself (gateway.rounds)
-            tokens, ms = copies[k], verify[k] + plain_overhead     # CostModel.local_lookup_ms(k)
+            tokens, ms = copies[k], copied_ms[k]
         else:
             if n_lookup and y > 0:
                 # E[copies then model tokens] = E[copies] + P(all n copies accepted) * (E[model tokens] - 1)
