@@ -18,10 +18,10 @@ def configure(p) -> None:
          "where speculation does not pay); N pins it (requests may pin their own)")
     flag(p, "max-draft-length", 8, int, help="the longest block auto drafts")
     flag(p, "probe-budget", 0.005, float, help="auto: while speculation loses, a block now and then (as long "
-         "as would pay for predictable text) probes the drafter: after 4 plain rounds, then as often as keeps the refused probes' measured cost "
-         "within this share of plain decoding's throughput (0.005: ~0.5 %%, about every 200th round where a "
-         "probe costs two plain steps), doubling the interval while probes lose; 0: the doubling alone, up "
-         "to every 256th round")
+         "as would pay for predictable text) probes the drafter: after 4 plain rounds, then as often as keeps "
+         "the refused probes' measured cost within this share of plain decoding's throughput (0.005: ~0.5 %%, "
+         "about every 200th round where a probe costs two plain steps), doubling the interval while probes "
+         "lose; 0: the doubling alone, up to every 256th round")
     flag(p, "draft-confidence", DEFAULT_DRAFT_CONFIDENCE, float, help="adaptive draft length: the drafter ends a "
          "block early, before a token whose drafter probability is below this, so a round drafts 1..k tokens "
          "(0 = always k; requests may set their own)")

@@ -64,9 +64,9 @@ def main() -> None:
             ks += [r.k for r in reply.stats.round_stats]
             # blocks the drafter drafted (draft time > 0); blocks prompt lookup supplied whole are copied by
             # the gateway (no drafter call, draft_ms 0) and do not cross the link
-            fetched += [r.k for r in reply.stats.round_stats if r.k > 0 and r.draft_ms > 0]
-            out.setdefault("fetched_blocks", []).extend(f"{r.k}:{r.k_reason}" for r in reply.stats.round_stats
-                                                        if r.k > 0 and r.draft_ms > 0)
+            calls = [r for r in reply.stats.round_stats if r.k > 0 and r.draft_ms > 0]
+            fetched += [r.k for r in calls]
+            out.setdefault("fetched_blocks", []).extend(f"{r.k}:{r.k_reason}" for r in calls)
     drafted = [k for k in ks if k > 0]
     out["mean_k"] = sum(ks) / len(ks) if ks else 0.0                 # over all rounds
     out["mean_k_drafted"] = sum(drafted) / len(drafted) if drafted else 0.0   # over speculative rounds
