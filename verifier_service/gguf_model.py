@@ -1,0 +1,185 @@
+"""A GGUF target for the decoder: its ``DecoderSpec``, its weights in the decoder's layout, its tokenizer.
+
+``GgufModel(path)`` reads the header (``gguf_file``; no weights yet) and the architecture
+(``architecture.from_gguf``; ``unsupported`` holds why not, when the decoder cannot run it).
+``load_weights()`` builds ``DecoderWeights`` tensor by tensor from the file's map: block
+types with a kernel here become ``weights.BlockWeight``s (the file's blocks), the others their
+dequantized values (``weights.DenseWeight``, a copy whose source pages are then dropped from the
+process: ``GgufFile.release``); norms are small F32 vectors. Block weights stay in the map, so the
+resident set is the file's pages the forward touches (about the file's size) plus the KV caches.
+
+Rope layout: llama.cpp stores a Llama model's q/k rows for rope on adjacent pairs; the decoder applies
+rope in the layout the file has (``DecoderSpec.rope_layout``), so q/k rows are used as stored.
+
+The tokenizer is transformers' conversion of the file's vocabulary (``AutoTokenizer.from_pretrained(dir,
+gguf_file=name)``, what ``tandem.models`` loads for a GGUF target: the same vocabulary hash). It reads the
+whole header with gguf-py (39 s and 700 MB for a 262 k vocabulary), so it runs once per file in a child
+process and is kept under ``$XDG_CACHE_HOME/tandem/tokenizers``; later starts load the saved tokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from verifier_service import weights as W
+from verifier_service.architecture import DecoderSpec, UnsupportedModel, from_gguf
+from verifier_service.decoder import DecoderWeights, LayerWeights
+from verifier_service.gguf_file import GgufFile
+
+# Chat templates for files whose metadata has none (the model family's published format).
+FALLBACK_CHAT_TEMPLATES = {
+    "gemma3": ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}"
+               "{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
+               "<start_of_turn>{{ role }}\n{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+               "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"),
+}
+# Tokens that end a turn besides the file's EOS, by family (llama.cpp treats them as end of generation).
+END_OF_TURN_TOKENS = {"gemma3": ("<end_of_turn>",)}
+
+
+class GgufModel:
+    def __init__(self, path: str | os.PathLike):
+        t0 = time.perf_counter()
+        self.path = Path(path)
+        self.file = GgufFile(self.path)
+        self.architecture = str(self.file.get("general.architecture", "?"))
+        self.spec: DecoderSpec | None = None
+        self.unsupported = ""
+        try:
+            self.spec = from_gguf(self.file)
+        except UnsupportedModel as e:
+            self.unsupported = str(e)
+        self.read_s = time.perf_counter() - t0
+
+    @property
+    def size(self) -> int:
+        return self.file.size
+
+    def kinds(self) -> list[str]:
+        """Block types of the 2-D tensors, most bytes first."""
+        by = {}
+        for t in self.file.tensors.values():
+            if len(t.shape) == 2:
+                by[t.kind] = by.get(t.kind, 0) + t.nbytes
+        return sorted(by, key=by.get, reverse=True)
+
+    # ---- weights -----------------------------------------------------------------------------------
+    def _weight(self, name: str) -> W.Weight:
+        info = self.file.tensors[name]
+        if len(info.shape) != 2:
+            raise UnsupportedModel(f"{name} has shape {info.shape}, expected a matrix")
+        out, inner = info.shape
+        weight = W.from_gguf(info.kind, self.file.raw(name), out, inner)
+        if not isinstance(weight, W.BlockWeight):
+            self.file.release(name)             # copied: the map's pages need not stay resident
+        return weight
+
+    def _vector(self, name: str) -> torch.Tensor:
+        return torch.from_numpy(self.file.vector(name)).contiguous()
+
+    def _has(self, name: str) -> bool:
+        return name in self.file.tensors
+
+    def load_weights(self) -> DecoderWeights:
+        """The decoder's weights (see the module docstring)."""
+        s = self.spec
+        if s is None:
+            raise UnsupportedModel(self.unsupported)
+        embed = self._weight("token_embd.weight")
+        head = self._weight("output.weight") if self._has("output.weight") else embed
+        layers = []
+        for i in range(s.layers):
+            p = f"blk.{i}."
+            missing = [n for n in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
+                                   "ffn_up", "ffn_down") if not self._has(f"{p}{n}.weight")]
+            if missing:
+                raise UnsupportedModel(f"layer {i} has no {', '.join(missing)} (not a gated-MLP decoder layer)")
+            layer = LayerWeights(
+                attn_norm=self._vector(p + "attn_norm.weight"),
+                qkv=W.concat([self._weight(p + "attn_q.weight"), self._weight(p + "attn_k.weight"),
+                              self._weight(p + "attn_v.weight")]),
+                o=self._weight(p + "attn_output.weight"),
+                ffn_norm=self._vector(p + "ffn_norm.weight"),
+                gate_up=W.concat([self._weight(p + "ffn_gate.weight"), self._weight(p + "ffn_up.weight")]),
+                down=self._weight(p + "ffn_down.weight"))
+            if s.qkv_bias:
+                layer.qkv_bias = torch.cat([self._vector(p + n) for n in ("attn_q.bias", "attn_k.bias", "attn_v.bias")])
+            if s.qk_norm:
+                layer.q_norm = self._vector(p + "attn_q_norm.weight")
+                layer.k_norm = self._vector(p + "attn_k_norm.weight")
+            if s.sandwich_norms:
+                layer.post_attn_norm = self._vector(p + "post_attention_norm.weight")
+                layer.post_ffn_norm = self._vector(p + "post_ffw_norm.weight")
+            layers.append(layer)
+        return DecoderWeights(embed, layers, self._vector("output_norm.weight"), head)
+
+    # ---- tokenizer and special tokens ----------------------------------------------------------------
+    def tokenizer(self):
+        """transformers' tokenizer of the file (converted once in a child process, then cached)."""
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir(self.path))
+        if not tok.chat_template and self.architecture in FALLBACK_CHAT_TEMPLATES:
+            tok.chat_template = FALLBACK_CHAT_TEMPLATES[self.architecture]
+        return tok
+
+    def eos_token_ids(self, tokenizer) -> tuple[int, ...]:
+        ids = {self.file.get("tokenizer.ggml.eos_token_id"), self.file.get("tokenizer.ggml.eot_token_id")}
+        vocab = tokenizer.get_vocab()
+        ids |= {vocab.get(t) for t in END_OF_TURN_TOKENS.get(self.architecture, ())}
+        if tokenizer.eos_token_id is not None and not ids - {None}:
+            ids.add(tokenizer.eos_token_id)
+        return tuple(sorted(int(i) for i in ids if i is not None))
+
+    def describe(self) -> str:
+        return f"{self.architecture}, {'/'.join(self.kinds())} blocks, {self.size / 1e6:.0f} MB mapped"
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tandem" / "tokenizers"
+
+
+def tokenizer_dir(path: str | os.PathLike) -> Path:
+    """A directory holding the GGUF file's tokenizer as transformers converts it (made on first use, in a
+    child process so that the conversion's memory is not this process's; keyed by the file's name, size
+    and modification time)."""
+    path = Path(path).resolve()
+    st = path.stat()
+    key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    out = _cache_root() / f"{path.stem}-{key}"
+    if (out / "tokenizer_config.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        cmd = [sys.executable, "-m", "verifier_service.gguf_model", str(path), tmp]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"converting the tokenizer of {path.name} failed: {proc.stderr.strip()[-600:]}")
+        try:
+            os.replace(tmp, out)
+        except OSError:           # another process made it first
+            if not (out / "tokenizer_config.json").exists():
+                raise
+        os.makedirs(tmp, exist_ok=True)           # TemporaryDirectory's cleanup expects it
+    return out
+
+
+def _convert_tokenizer(path: str, out: str) -> None:
+    from transformers import AutoTokenizer
+
+    p = Path(path)
+    AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name).save_pretrained(out)
+
+
+if __name__ == "__main__":      # the child process of tokenizer_dir
+    _convert_tokenizer(sys.argv[1], sys.argv[2])

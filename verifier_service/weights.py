@@ -1,0 +1,202 @@
+"""The decoder's weights behind one interface, whatever holds them: ``matmul(x)`` (y = x W^T, x [n, in] fp32 ->
+[n, out]), ``rows(ids)`` (exact rows of W: the embedding lookup), ``nbytes``, ``kind``.
+
+  * ``BlockWeight``: a GGUF tensor as its blocks, read where they lie in the file's memory map by the C
+    kernels (``native``: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K) for up to ``WIDE_ROWS`` rows: every row
+    runs the same code, so a row's result does not depend on the block width. Wider inputs (prefill
+    chunks, compute-bound) dequantize ``CHUNK_WEIGHTS`` weights at a time into a scratch tensor and run
+    torch's GEMM on it: no fp32 copy of the weight is kept.
+  * ``DenseWeight``: an fp32 tensor (a transformers model's weight, or a GGUF block type without a kernel
+    here, dequantized once with gguf-py at load: correct, not memory-lean), multiplied through
+    ``fast_linear`` (oneDNN on a packed copy, or MKL), chosen by ``fast_linear.configure``.
+  * ``Concat``: the rows of several weights as one (q/k/v, gate/up): one call each, into one output.
+
+``from_gguf(kind, raw, out, inner)`` picks the implementation for a tensor of the file (``raw``: its
+[out, bytes a row] view of the map).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from verifier_service import native
+
+WIDE_ROWS = 32                 # more rows than this: dequantize-and-GEMM (see the module docstring)
+CHUNK_WEIGHTS = 1 << 22        # weights dequantized at a time on that path (16 MB of fp32 scratch)
+KERNEL_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+def dequantize(kind: str, raw: np.ndarray, out: int, inner: int) -> torch.Tensor:
+    """gguf-py's dequantization of ``raw`` [rows, bytes a row] (the arithmetic transformers' GGUF loader uses)."""
+    import gguf
+
+    raw = np.asarray(raw)
+    if kind not in ("F32", "F16"):
+        raw = raw.view(np.uint8)
+    values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind])
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(out, inner)
+
+
+class Weight(nn.Module):
+    kind: str
+    out: int
+    inner: int
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        raise NotImplementedError
+
+    def kinds(self) -> list[str]:
+        return [self.kind]
+
+
+class DenseWeight(Weight):
+    """An fp32 weight [out, in]; ``linear`` is an ``nn.Linear`` that ``fast_linear`` may replace by a FastLinear."""
+
+    def __init__(self, weight: torch.Tensor, kind: str = "F32", bias: torch.Tensor | None = None):
+        super().__init__()
+        self.kind = kind
+        self.out, self.inner = (int(s) for s in weight.shape)
+        linear = nn.Linear(self.inner, self.out, bias=bias is not None, device="meta")
+        linear.weight = nn.Parameter(weight.detach().float().contiguous(), requires_grad=False)
+        if bias is not None:
+            linear.bias = nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
+        self.linear = linear
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.linear.weight)
+
+    @property
+    def nbytes(self) -> int:
+        packed = getattr(self.linear, "packed", None)
+        extra = 0 if packed is None else self.out * self.inner * 4
+        return self.out * self.inner * 4 + extra
+
+
+class BlockWeight(Weight):
+    """A GGUF tensor as its blocks, read where they lie (``raw``: [out, bytes a row], a view of the file's
+    map) by the C kernels (``native.Kernels.gemm``; ``dequantize_rows`` for exact rows)."""
+
+    def __init__(self, kind: str, raw: np.ndarray, out: int, inner: int):
+        super().__init__()
+        import gguf
+
+        self.kind, self.out, self.inner = kind, int(out), int(inner)
+        self.code = int(gguf.GGMLQuantizationType[kind].value)
+        self.raw = raw                                     # keeps the map's pages reachable
+        self.ptr, self.ldw = raw.ctypes.data, int(raw.strides[0])
+        self.lib = native.library()
+
+    def matmul_into(self, x: torch.Tensor, y: torch.Tensor, column: int = 0) -> None:
+        """y[:, column:column + out] = x W^T (y [n, any] contiguous, written in place)."""
+        n = x.shape[0]
+        if n > WIDE_ROWS:
+            step = max(1, CHUNK_WEIGHTS // self.inner)
+            scratch = torch.empty(min(step, self.out), self.inner)
+            for o0 in range(0, self.out, step):
+                o1 = min(self.out, o0 + step)
+                self._dequantize(o0, o1, scratch)
+                torch.mm(x, scratch[:o1 - o0].t(), out=y[:, column + o0:column + o1])
+            return
+        x = x.contiguous()
+        rc = self.lib.gemm(self.code, x.data_ptr(), n, self.inner, self.ptr, self.ldw, self.out, None,
+                           y.data_ptr() + column * y.element_size(), y.stride(0), torch.get_num_threads())
+        if rc != 0:
+            raise ValueError(f"the {self.kind} kernel refused a {self.out}x{self.inner} weight")
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.empty(x.shape[0], self.out)
+        self.matmul_into(x, y)
+        return y
+
+    def _dequantize(self, o0: int, o1: int, y: torch.Tensor) -> None:
+        self.lib.dequantize_rows(self.code, self.ptr + o0 * self.ldw, self.ldw, None, o1 - o0, self.inner,
+                                 y.data_ptr(), torch.get_num_threads())
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.to(torch.int64).contiguous()
+        y = torch.empty(ids.shape[0], self.inner)
+        self.lib.dequantize_rows(self.code, self.ptr, self.ldw, ids.data_ptr(), ids.shape[0], self.inner,
+                                 y.data_ptr(), torch.get_num_threads())
+        return y
+
+    @property
+    def nbytes(self) -> int:
+        return self.out * self.ldw
+
+
+class Concat(Weight):
+    """The rows of ``parts`` in order, as one weight (their outputs side by side)."""
+
+    def __init__(self, parts: Sequence[Weight]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.out, self.inner = sum(p.out for p in parts), parts[0].inner
+        self.kind = "+".join(sorted({k for p in parts for k in p.kinds()}))
+
+    def kinds(self) -> list[str]:
+        return [k for p in self.parts for k in p.kinds()]
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.empty(x.shape[0], self.out)
+        column = 0
+        for p in self.parts:
+            if isinstance(p, BlockWeight):
+                p.matmul_into(x, y, column)
+            else:
+                y[:, column:column + p.out] = p.matmul(x)
+            column += p.out
+        return y
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("rows of a concatenated weight")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+def concat(parts: Sequence[Weight]) -> Weight:
+    """One weight with ``parts``' rows: merged into one kernel call where they are the same kind of thing."""
+    if len(parts) == 1:
+        return parts[0]
+    if all(isinstance(p, DenseWeight) and p.linear.bias is None for p in parts):
+        return DenseWeight(torch.cat([p.weight for p in parts]), "+".join(sorted({p.kind for p in parts})))
+    return Concat(parts)
+
+
+def has_kernel(kind: str, inner: int) -> bool:
+    """Whether the C kernels read ``kind`` blocks here (rows of ``inner`` weights)."""
+    from verifier_service.gguf_file import block_geometry
+
+    lib = native.library()
+    return (kind in KERNEL_KINDS and lib is not None and hasattr(lib, "dequantize_rows")
+            and inner % block_geometry(kind)[0] == 0)
+
+
+def from_gguf(kind: str, raw: np.ndarray, out: int, inner: int) -> Weight:
+    """The weight for a GGUF tensor: its blocks where a kernel reads them here, else its values in fp32
+    (``DenseWeight``, a copy: the caller may drop the map's pages)."""
+    if kind in ("F32", "F16"):
+        return DenseWeight(torch.from_numpy(np.array(raw, dtype=np.float32)).reshape(out, inner), kind)
+    if has_kernel(kind, inner):
+        return BlockWeight(kind, raw, out, inner)
+    return DenseWeight(dequantize(kind, raw, out, inner), kind)
