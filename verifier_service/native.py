@@ -1,15 +1,24 @@
-"""The verifier's C kernels (gguf_gemm.c: GEMMs on GGUF blocks; row_attention.c: exact-rows attention;
-layer_ops.c: the layer's row-wise glue),
-compiled on first use with the system's C compiler into ``$XDG_CACHE_HOME/tandem`` (one file per source
-version, flags and torch version; built into a temporary name and renamed, so concurrent starts are safe)
-and loaded with ctypes.
+"""The verifier's C kernels (``kernels/``): GEMMs on GGUF blocks as stored, exact-rows attention and the layer's
+row-wise glue, one source per ISA beside a plain-C reference:
 
--ffp-contract=off: the GGUF weight rebuild must round as gguf-py does (no fused multiply-add there); the
+  generic  gemm_generic.c, ops_generic.c   plain C, baseline flags: the reference and the portable path (ARM)
+  avx2     gemm_avx2.c, ops_avx2.c         AVX2 + FMA + F16C (Intel since Haswell, AMD Zen)
+  avx512   gemm_avx512.c, ops_avx512.c     AVX-512 F/BW/VL + FMA + F16C
+
+Every source an x86-64 machine can build goes into one shared library (non-x86: the generic ones), compiled
+on first use with the system's C compiler (each file with its own -m flags) into ``$XDG_CACHE_HOME/tandem``:
+one file per source version, flags and torch version, built under a temporary name and renamed, so
+concurrent starts are safe. The ISA is chosen at run time (``isa()``): the best this CPU runs
+(avx512f+bw+vl+fma+f16c -> avx512; avx2+fma+f16c -> avx2; else generic), or the one ``TANDEM_ISA``
+(the verifier's ``--isa``) names. Within one ISA every row of a block runs the same instructions whatever
+the block width or thread count (exact rows); across ISAs results agree to fp32 rounding.
+
+-ffp-contract=off: weights are rebuilt with gguf-py's roundings (no fused multiply-add there); the SIMD
 accumulations use explicit FMA intrinsics. -fopenmp, linked against the libgomp torch has loaded (same
 SONAME: one OpenMP runtime, so the kernels share torch's threads; called from the torch thread).
 
-``library()`` is None where the kernels cannot run, and ``unavailable_reason()`` says why: not Linux
-x86-64, a CPU without AVX-512 (F/BW/VL) and FMA, no ``cc``, or a failed build. Callers fall back to torch.
+``library()`` is the chosen ISA's ``Kernels``, or None where none can be built (``unavailable_reason()``:
+no ``cc``, a failed build); callers then fall back to torch.
 """
 
 from __future__ import annotations
@@ -26,23 +35,63 @@ from pathlib import Path
 
 import torch
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("gguf_gemm.c", "row_attention.c", "layer_ops.c"))
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("simd_exp.h",))
+KERNELS = Path(__file__).with_name("kernels")
+ISAS = ("avx512", "avx2", "generic")
+ENV = "TANDEM_ISA"
+SOURCES = {"generic": ("gemm_generic.c", "ops_generic.c"), "avx2": ("gemm_avx2.c", "ops_avx2.c"),
+           "avx512": ("gemm_avx512.c", "ops_avx512.c")}
+ISA_CFLAGS = {"generic": (), "avx2": ("-mavx2", "-mfma", "-mf16c"),
+              "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c")}
+REQUIRED_CPU_FLAGS = {"generic": set(), "avx2": {"avx2", "fma", "f16c"},
+                      "avx512": {"avx512f", "avx512bw", "avx512vl", "fma", "f16c"}}
 # -fno-tree-loop-distribute-patterns: gcc turned the zeroing of a kernel's accumulator array into a
 # `rep stosq` memset per output row (204 672 calls a forward: +20 % at width 8, measured)
-CFLAGS = ("-O3", "-fno-tree-loop-distribute-patterns", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma",
-          "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
-REQUIRED_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "fma"}
+CFLAGS = ("-O3", "-fno-tree-loop-distribute-patterns", "-ffp-contract=off", "-fopenmp", "-fPIC")
+ABI = 2
 
 
-def _cpu_flags() -> set[str]:
+def _x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def built_isas() -> tuple[str, ...]:
+    """The ISAs whose sources this machine compiles: all three on x86-64, the generic path elsewhere."""
+    return ISAS if _x86() else ("generic",)
+
+
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    # no /proc/cpuinfo (macOS, ...): torch's own detection of the vector ISA
+    capability = torch.backends.cpu.get_cpu_capability() if _x86() else "DEFAULT"
+    return frozenset({"AVX512": REQUIRED_CPU_FLAGS["avx512"], "AVX2": REQUIRED_CPU_FLAGS["avx2"]}.get(capability, ()))
+
+
+def runnable_isas() -> tuple[str, ...]:
+    """The ISAs this CPU runs, best first (always ending with 'generic')."""
+    return tuple(i for i in built_isas() if REQUIRED_CPU_FLAGS[i] <= _cpu_flags())
+
+
+def isa() -> str:
+    """The ISA in use: ``TANDEM_ISA`` when set (auto or empty: detect), else the best this CPU runs.
+    Raises ValueError for an unknown name or one this CPU cannot run, naming the flag and the fix."""
+    forced = os.environ.get(ENV, "").strip().lower()
+    best = runnable_isas()[0]
+    if forced in ("", "auto"):
+        return best
+    if forced not in ISAS:
+        raise ValueError(f"--isa {forced!r} ({ENV}): not one of auto, {', '.join(ISAS)}")
+    if forced not in runnable_isas():
+        missing = REQUIRED_CPU_FLAGS[forced] - _cpu_flags()
+        what = f"lacks {', '.join(sorted(missing))}" if missing and _x86() else f"is {platform.machine()}"
+        raise ValueError(f"--isa {forced} ({ENV}={forced}): this CPU {what}; use --isa {best} or leave it unset "
+                         "(auto: the best this CPU runs)")
+    return forced
 
 
 def _cache_dir() -> Path:
@@ -50,32 +99,63 @@ def _cache_dir() -> Path:
     return Path(base) / "tandem"
 
 
+def _compile(cc: str, out_dir: Path) -> list[Path] | str:
+    """Compiles every source of ``built_isas()`` into objects under ``out_dir`` (in parallel); the objects,
+    or why not."""
+    jobs = []
+    for which in built_isas():
+        for name in SOURCES[which]:
+            obj = out_dir / (Path(name).stem + ".o")
+            cmd = [cc, *CFLAGS, *ISA_CFLAGS[which], "-c", str(KERNELS / name), "-o", str(obj)]
+            try:
+                jobs.append((cmd, obj, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                        text=True)))
+            except OSError as e:
+                return f"building the C kernels failed: {e}"
+    failed = ""
+    for cmd, _, proc in jobs:
+        try:
+            _, err = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            err = "timed out"
+        if proc.returncode != 0 and not failed:
+            failed = f"building the C kernels failed ({' '.join(cmd)}): {err.strip()[-400:]}"
+    return failed or [obj for _, obj, _ in jobs]
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     i64, ptr, f32, cint = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
-    lib.gguf_q4_1_gemm.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, cint]
-    lib.gguf_q8_0_gemm.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, cint]
-    lib.row_attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, i64, f32, ptr, cint]
-    lib.add_rms_norm.argtypes = [ptr, ptr, i64, i64, ptr, f32, ptr]
-    lib.rope_store.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64, ptr]
-    lib.silu_mul.argtypes = [ptr, i64, i64, ptr]
-    for f in (lib.gguf_q4_1_gemm, lib.gguf_q8_0_gemm, lib.row_attention, lib.add_rms_norm, lib.rope_store,
-              lib.silu_mul):
+    for which in built_isas():
+        gemm = getattr(lib, f"tq_gemm_{which}")
+        gemm.argtypes = [cint, ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, cint]
+        gemm.restype = cint
+        attention = getattr(lib, f"tq_attention_{which}")
+        attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, i64, i64, f32, ptr, cint]
+        attention.restype = None
+        for name in ("tq_silu_mul", "tq_gelu_tanh_mul"):
+            f = getattr(lib, f"{name}_{which}")
+            f.argtypes, f.restype = [ptr, i64, i64, ptr], None
+    lib.tq_dequantize_rows.argtypes = [cint, ptr, i64, ptr, i64, i64, ptr, cint]
+    lib.tq_dequantize_rows.restype = cint
+    lib.tq_add_rms_norm.argtypes = [ptr, ptr, i64, i64, ptr, f32, ptr]
+    lib.tq_head_rms_norm.argtypes = [ptr, i64, i64, i64, i64, ptr, f32]
+    lib.tq_rope_store.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, cint]
+    for f in (lib.tq_add_rms_norm, lib.tq_head_rms_norm, lib.tq_rope_store):
         f.restype = None
 
 
 @functools.cache
 def _build() -> tuple[ctypes.CDLL | None, str]:
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return None, f"the C kernels are for Linux x86-64 (this is {platform.system()} {platform.machine()})"
-    missing = REQUIRED_CPU_FLAGS - _cpu_flags()
-    if missing:
-        return None, f"this CPU lacks {', '.join(sorted(missing))}"
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         return None, "no C compiler (cc/gcc) to build the kernels"
-    digest = hashlib.sha256(" ".join(CFLAGS).encode() + torch.__version__.encode())
-    for src in SOURCES + HEADERS:
-        digest.update(src.read_bytes())
+    digest = hashlib.sha256(" ".join((*CFLAGS, *built_isas(), cc, platform.machine(), torch.__version__)).encode())
+    for which in built_isas():
+        digest.update(" ".join(ISA_CFLAGS[which]).encode())
+    for src in sorted(KERNELS.glob("*.[ch]")):
+        digest.update(src.name.encode() + src.read_bytes())
     name = f"tandem_kernels-{digest.hexdigest()[:16]}.so"
     target = _cache_dir() / name
     try:
@@ -88,8 +168,11 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     if not target.exists():
         gomp_dir = Path(torch.__file__).parent / "lib"
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            objects = _compile(cc, Path(tmp))
+            if isinstance(objects, str):
+                return None, objects
             built = Path(tmp) / target.name
-            cmd = [cc, *CFLAGS, *map(str, SOURCES), "-o", str(built), f"-L{gomp_dir}", "-lm"]
+            cmd = [cc, "-shared", "-fopenmp", *map(str, objects), "-o", str(built), f"-L{gomp_dir}", "-lm"]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             except (OSError, subprocess.TimeoutExpired) as e:
@@ -101,14 +184,58 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         lib = ctypes.CDLL(str(target))
     except OSError as e:
         return None, f"loading the C kernels failed: {e}"
-    if lib.gguf_gemm_abi() != 1 or lib.row_attention_abi() != 1 or lib.layer_ops_abi() != 1:
+    if lib.tq_abi() != ABI:
         return None, "the C kernels' ABI does not match"
     _declare(lib)
     return lib, ""
 
 
-def library() -> ctypes.CDLL | None:
-    return _build()[0]
+class Kernels:
+    """One ISA's functions of the library (ctypes; pointers as ints). Per-ISA: ``gemm``, ``attention``,
+    ``silu_mul``, ``gelu_tanh_mul``; the same on every ISA (memory-light, no exp): ``add_rms_norm``,
+    ``head_rms_norm``, ``rope_store``, ``dequantize_rows``. Arguments: kernels/quants.h (GEMM),
+    kernels/ops_generic.c (the rest). ``verifier_service.quant`` wraps them for torch tensors."""
+
+    def __init__(self, lib: ctypes.CDLL, which: str):
+        self.isa = which
+        self.gemm = getattr(lib, f"tq_gemm_{which}")
+        self.attention = getattr(lib, f"tq_attention_{which}")
+        self.silu_mul = getattr(lib, f"tq_silu_mul_{which}")
+        self.gelu_tanh_mul = getattr(lib, f"tq_gelu_tanh_mul_{which}")
+        self.add_rms_norm = lib.tq_add_rms_norm
+        self.head_rms_norm = lib.tq_head_rms_norm
+        self.dequantize_rows = lib.tq_dequantize_rows
+        self._rope_store = lib.tq_rope_store
+
+    def row_attention(self, q, q_row, n, heads, kv_heads, d, k, v, cap, start, scale, out, threads, window=0):
+        """``attention`` with the window last (0: every earlier key)."""
+        self.attention(q, q_row, n, heads, kv_heads, d, k, v, cap, start, window, scale, out, threads)
+
+    def rope_store(self, qkv, n, heads, kv_heads, d, cos, sin, k_cache, v_cache, cap, start, q_out, interleaved=0):
+        self._rope_store(qkv, n, heads, kv_heads, d, cos, sin, k_cache, v_cache, cap, start, q_out, interleaved)
+
+
+@functools.cache
+def _kernels(which: str) -> Kernels:
+    lib, why = _build()
+    if lib is None:
+        raise RuntimeError(f"the C kernels are not available: {why}")
+    return Kernels(lib, which)
+
+
+def kernels(which: str | None = None) -> Kernels:
+    """The kernels of ISA ``which`` (None: ``isa()``). Raises ValueError where this CPU cannot run it,
+    RuntimeError where the library cannot be built."""
+    if which is None:
+        which = isa()
+    elif which not in runnable_isas():
+        raise ValueError(f"ISA {which!r} cannot run here (this CPU runs {', '.join(runnable_isas())})")
+    return _kernels(which)
+
+
+def library() -> Kernels | None:
+    """The kernels of the ISA in use (``isa()``), or None where the library cannot be built."""
+    return kernels() if _build()[0] is not None else None
 
 
 def unavailable_reason() -> str:

@@ -1,4 +1,4 @@
-"""GEMMs on GGUF blocks as stored (verifier_service.gguf_linear + gguf_gemm.c): the weights are bit for bit
+"""GEMMs on GGUF blocks as stored (verifier_service.gguf_linear over quant.QuantWeight): the weights are bit for bit
 the ones transformers dequantizes, results match F.linear to fp32 rounding, a row's result never depends on
 the block width or the thread count, and the static decoder on them decodes greedily as plain decoding.
 
@@ -88,7 +88,7 @@ def test_kernel_matches_f_linear_and_rows_do_not_depend_on_width_or_threads(kind
     gen = torch.Generator().manual_seed(3)
     weight = torch.randn(200, 96, generator=gen)
     blocks, values = quantize(weight, getattr(gguf.GGMLQuantizationType, kind))
-    packed = gguf_linear._split_blocks(kind, blocks, 200, 96)
+    packed = gguf_linear.Packed(kind, blocks, 200, 96)
     assert torch.equal(packed.dequantize(), values)
     bias = torch.randn(200, generator=gen)
     linear = gguf_linear.GgufLinear(packed, bias)
@@ -170,7 +170,7 @@ def test_wide_inputs_go_to_the_fp32_layer_and_narrow_ones_to_the_blocks():
         fp32.weight.copy_(values)
     calls = []
     fp32.register_forward_hook(lambda *a: calls.append(1))
-    linear = gguf_linear.GgufLinear(gguf_linear._split_blocks("Q4_1", blocks, 64, 64), wide=fp32)
+    linear = gguf_linear.GgufLinear(gguf_linear.Packed("Q4_1", blocks, 64, 64), wide=fp32)
     x = torch.randn(gguf_linear.WIDE_ROWS + 8, 64)
     with torch.inference_mode():
         torch.testing.assert_close(linear(x), F.linear(x, values), rtol=1e-5, atol=1e-5)

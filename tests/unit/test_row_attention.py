@@ -1,4 +1,4 @@
-"""The exact-rows attention kernel (verifier_service/row_attention.c): each row attends to its own causal
+"""The exact-rows attention kernel (verifier_service/kernels/ops_*.c, the ISA native picks): each row attends to its own causal
 prefix of the static cache, matches torch's softmax attention to fp32 rounding, and a row's output never
 depends on how many rows the call has or on the thread count; the static decoder uses it."""
 

@@ -1,0 +1,172 @@
+/* y = x W^T (+ bias) on GGUF blocks as stored, AVX2 + FMA + F16C. Reference: gemm_generic.c.
+
+   Each 32-weight chunk of a weight row is rebuilt as four 8-wide registers (elements 0-7, 8-15, 16-23,
+   24-31) with exactly the arithmetic of quants.h (gguf-py's): integers widened to int32, converted, then
+   scaled and offset as the block's formula says. Each is multiplied into its own accumulator per row of x
+   with an FMA, so lane l of accumulator k sums chunk element 8k + l in chunk order; the row's result is
+   the sum of the four accumulators ((a0 + a1) + (a2 + a3)) reduced 8 -> 4 -> 2 -> 1.
+
+   Up to ROWS rows of x share each rebuilt chunk (4 ROWS accumulators and the chunk's registers fit the 16
+   ymm registers); the row count is a constant in each instance. Exact rows: every row runs the same
+   sequence whatever the row or thread count; y[r, o] is computed by one thread. */
+#include <immintrin.h>
+
+#include "quants.h"
+
+#define ROWS 3
+
+static inline float half(const uint8_t *p) { return _cvtsh_ss(tq_u16(p)); }
+/* 8 bytes -> 8 int32 lanes (zero- or sign-extended) */
+static inline __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline __m256i i8x8(const void *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline __m256 f32(__m256i v) { return _mm256_cvtepi32_ps(v); }
+
+/* w[0..3] (the chunk's four registers) times rows r0.. of x at column xo, into acc. */
+#define FMA_ROWS(w, xo)                                                                                  \
+    for (int r = 0; r < N; r++) {                                                                        \
+        const float *xr = x + (r0 + r) * inner + (xo);                                                   \
+        for (int k = 0; k < 4; k++) acc[r][k] = _mm256_fmadd_ps((w)[k], _mm256_loadu_ps(xr + 8 * k), acc[r][k]); \
+    }
+
+/* The fifth bits of elements 8k..8k+7 of a Q5_0/Q5_1 block (bits 8k.. of qh), as 16 or 0 per lane. */
+static inline __m256i fifth_bits(uint32_t qh, int k) {
+    const __m256i at = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i bit = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)(qh >> (8 * k))), at),
+                                         _mm256_set1_epi32(1));
+    return _mm256_slli_epi32(bit, 4);
+}
+
+/* The 4-bit values of elements 8k..8k+7 of a legacy block (qs: its 16 nibble bytes). */
+static inline __m256i nibbles(const uint8_t *qs, int k) {
+    const __m256i v = u8x8(qs + 8 * (k % 2));
+    return k < 2 ? _mm256_and_si256(v, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(v, 4);
+}
+
+static inline __attribute__((always_inline)) void rows_times_row(int kind, int N, const float *x, int64_t inner,
+                                                                 const uint8_t *row, const float *bias, float *y,
+                                                                 int64_t ldy, int64_t r0, int64_t o) {
+    __m256 acc[ROWS][4];
+    for (int r = 0; r < N; r++)
+        for (int k = 0; k < 4; k++) acc[r][k] = _mm256_setzero_ps();
+    const __m256i nib = _mm256_set1_epi32(0x0F);
+    const int bb = tq_block_bytes(kind);
+    const int64_t nb = inner / tq_block_weights(kind);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bb;
+        __m256 w[4];
+        switch (kind) {
+        case TQ_F32:
+            for (int k = 0; k < 4; k++) w[k] = _mm256_loadu_ps((const float *)blk + 8 * k);
+            FMA_ROWS(w, b * 32);
+            break;
+        case TQ_F16:
+            for (int k = 0; k < 4; k++) w[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * k)));
+            FMA_ROWS(w, b * 32);
+            break;
+        case TQ_BF16:
+            for (int k = 0; k < 4; k++)
+                w[k] = _mm256_castsi256_ps(_mm256_slli_epi32(
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(blk + 16 * k))), 16));
+            FMA_ROWS(w, b * 32);
+            break;
+        case TQ_Q4_0: {                                   /* d * (q - 8) */
+            const __m256 vd = _mm256_set1_ps(half(blk));
+            const uint8_t *qs = blk + offsetof(block_q4_0, qs);
+            for (int k = 0; k < 4; k++)
+                w[k] = _mm256_mul_ps(vd, f32(_mm256_sub_epi32(nibbles(qs, k), _mm256_set1_epi32(8))));
+            FMA_ROWS(w, b * 32);
+            break;
+        }
+        case TQ_Q4_1: {                                   /* (d * q) + m */
+            const __m256 vd = _mm256_set1_ps(half(blk)), vm = _mm256_set1_ps(half(blk + 2));
+            const uint8_t *qs = blk + offsetof(block_q4_1, qs);
+            for (int k = 0; k < 4; k++) w[k] = _mm256_add_ps(_mm256_mul_ps(vd, f32(nibbles(qs, k))), vm);
+            FMA_ROWS(w, b * 32);
+            break;
+        }
+        case TQ_Q5_0: {                                   /* d * (q - 16) */
+            const __m256 vd = _mm256_set1_ps(half(blk));
+            const uint32_t qh = tq_u32(blk + offsetof(block_q5_0, qh));
+            const uint8_t *qs = blk + offsetof(block_q5_0, qs);
+            for (int k = 0; k < 4; k++) {
+                const __m256i q = _mm256_or_si256(nibbles(qs, k), fifth_bits(qh, k));
+                w[k] = _mm256_mul_ps(vd, f32(_mm256_sub_epi32(q, _mm256_set1_epi32(16))));
+            }
+            FMA_ROWS(w, b * 32);
+            break;
+        }
+        case TQ_Q5_1: {                                   /* (d * q) + m */
+            const __m256 vd = _mm256_set1_ps(half(blk)), vm = _mm256_set1_ps(half(blk + 2));
+            const uint32_t qh = tq_u32(blk + offsetof(block_q5_1, qh));
+            const uint8_t *qs = blk + offsetof(block_q5_1, qs);
+            for (int k = 0; k < 4; k++)
+                w[k] = _mm256_add_ps(_mm256_mul_ps(vd, f32(_mm256_or_si256(nibbles(qs, k), fifth_bits(qh, k)))), vm);
+            FMA_ROWS(w, b * 32);
+            break;
+        }
+        case TQ_Q8_0: {                                   /* q * d */
+            const __m256 vd = _mm256_set1_ps(half(blk));
+            const uint8_t *qs = blk + offsetof(block_q8_0, qs);
+            for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(f32(i8x8(qs + 8 * k)), vd);
+            FMA_ROWS(w, b * 32);
+            break;
+        }
+        case TQ_Q4_K:
+        case TQ_Q5_K: {                                   /* sub-block j: (d * sc) * q - dmin * m */
+            const int five_bit = kind == TQ_Q5_K;
+            const float d = half(blk), dmin = half(blk + 2);
+            const uint8_t *scales = blk + offsetof(block_q4_K, scales);
+            const uint8_t *qh = blk + offsetof(block_q5_K, qh);
+            const uint8_t *qs = blk + (five_bit ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs));
+            for (int j = 0; j < 8; j++) {
+                uint8_t sc, m;
+                tq_scale_min_k4(j, scales, &sc, &m);
+                const __m256 vdsc = _mm256_set1_ps(d * (float)sc), vdm = _mm256_set1_ps(dmin * (float)m);
+                const uint8_t *q = qs + (j / 2) * 32;
+                for (int k = 0; k < 4; k++) {
+                    __m256i v = _mm256_and_si256(_mm256_srli_epi32(u8x8(q + 8 * k), 4 * (j % 2)), nib);
+                    if (five_bit)
+                        v = _mm256_or_si256(v, _mm256_slli_epi32(
+                            _mm256_and_si256(_mm256_srli_epi32(u8x8(qh + 8 * k), j), _mm256_set1_epi32(1)), 4));
+                    w[k] = _mm256_sub_ps(_mm256_mul_ps(vdsc, f32(v)), vdm);
+                }
+                FMA_ROWS(w, b * QK_K + j * 32);
+            }
+            break;
+        }
+        case TQ_Q6_K: {                                   /* (d * sc) * q, 16-weight sub-blocks */
+            const float d = half(blk + offsetof(block_q6_K, d));
+            const int8_t *scales = (const int8_t *)(blk + offsetof(block_q6_K, scales));
+            const uint8_t *ql = blk + offsetof(block_q6_K, ql), *qh = blk + offsetof(block_q6_K, qh);
+            const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(0x03), bias32 = _mm256_set1_epi8(32);
+            for (int s = 0; s < 8; s++) {                 /* chunk s = 4 h + t, see tq_dequant_q6_K */
+                const int h = s / 4, t = s % 4;
+                const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32 * (t % 2)));
+                const __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+                const __m256i lo4 = _mm256_and_si256(_mm256_srl_epi16(l, _mm_cvtsi32_si128(4 * (t / 2))), low4);
+                const __m256i hi2 = _mm256_and_si256(_mm256_srl_epi16(u, _mm_cvtsi32_si128(2 * t)), low2);
+                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo4, _mm256_slli_epi16(hi2, 4)), bias32);
+                const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
+                const __m256 d0 = _mm256_set1_ps(d * (float)scales[2 * s]), d1 = _mm256_set1_ps(d * (float)scales[2 * s + 1]);
+                w[0] = _mm256_mul_ps(d0, f32(_mm256_cvtepi8_epi32(q0)));
+                w[1] = _mm256_mul_ps(d0, f32(_mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8))));
+                w[2] = _mm256_mul_ps(d1, f32(_mm256_cvtepi8_epi32(q1)));
+                w[3] = _mm256_mul_ps(d1, f32(_mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8))));
+                FMA_ROWS(w, b * QK_K + s * 32);
+            }
+            break;
+        }
+        default: break;
+        }
+    }
+    for (int r = 0; r < N; r++) {
+        const __m256 s8 = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]));
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        const float s = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+        y[(r0 + r) * ldy + o] = s + (bias ? bias[o] : 0.0f);
+    }
+}
+
+#define TQ_GEMM_NAME tq_gemm_avx2
+#include "gemm_dispatch.h"

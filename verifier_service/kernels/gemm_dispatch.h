@@ -1,0 +1,68 @@
+/* The instances and the entry point every ISA's GEMM shares. Included at the end of a gemm_<isa>.c that
+   defines ROWS (rows of x per pass, 2..8), rows_times_row(kind, N, x, inner, row, bias, y, ldy, r0, o)
+   (rows r0..r0+N-1 of x against weight row o) and TQ_GEMM_NAME (the exported function's name).
+
+   One noinline function per (kind, row count): the kind and N are constants inside it, so its accumulators
+   get registers and its loops unroll. The entry point runs OpenMP over the output columns: every y[r, o] is
+   computed by one thread, and a row of x takes the same instructions in any pass it falls in. */
+typedef void (*rows_fn)(const float *, int64_t, const uint8_t *, const float *, float *, int64_t, int64_t, int64_t);
+
+#define ROWS_FN(KIND, N)                                                                                        \
+    static __attribute__((noinline)) void rows_##KIND##_##N(const float *x, int64_t inner, const uint8_t *row,   \
+                                                           const float *bias, float *y, int64_t ldy, int64_t r0, \
+                                                           int64_t o) {                                          \
+        rows_times_row(KIND, N, x, inner, row, bias, y, ldy, r0, o);                                            \
+    }
+#if ROWS == 8
+#define ROWS_FNS(KIND) ROWS_FN(KIND, 1) ROWS_FN(KIND, 2) ROWS_FN(KIND, 3) ROWS_FN(KIND, 4) \
+                       ROWS_FN(KIND, 5) ROWS_FN(KIND, 6) ROWS_FN(KIND, 7) ROWS_FN(KIND, 8)
+#define ROWS_TABLE(KIND) {rows_##KIND##_1, rows_##KIND##_2, rows_##KIND##_3, rows_##KIND##_4, \
+                          rows_##KIND##_5, rows_##KIND##_6, rows_##KIND##_7, rows_##KIND##_8}
+#elif ROWS == 4
+#define ROWS_FNS(KIND) ROWS_FN(KIND, 1) ROWS_FN(KIND, 2) ROWS_FN(KIND, 3) ROWS_FN(KIND, 4)
+#define ROWS_TABLE(KIND) {rows_##KIND##_1, rows_##KIND##_2, rows_##KIND##_3, rows_##KIND##_4}
+#elif ROWS == 3
+#define ROWS_FNS(KIND) ROWS_FN(KIND, 1) ROWS_FN(KIND, 2) ROWS_FN(KIND, 3)
+#define ROWS_TABLE(KIND) {rows_##KIND##_1, rows_##KIND##_2, rows_##KIND##_3}
+#elif ROWS == 2
+#define ROWS_FNS(KIND) ROWS_FN(KIND, 1) ROWS_FN(KIND, 2)
+#define ROWS_TABLE(KIND) {rows_##KIND##_1, rows_##KIND##_2}
+#else
+#error "ROWS must be 2, 3, 4 or 8"
+#endif
+
+ROWS_FNS(TQ_F32) ROWS_FNS(TQ_F16) ROWS_FNS(TQ_BF16) ROWS_FNS(TQ_Q4_0) ROWS_FNS(TQ_Q4_1) ROWS_FNS(TQ_Q5_0)
+ROWS_FNS(TQ_Q5_1) ROWS_FNS(TQ_Q8_0) ROWS_FNS(TQ_Q4_K) ROWS_FNS(TQ_Q5_K) ROWS_FNS(TQ_Q6_K)
+
+static const rows_fn *rows_of(int kind) {
+    static const rows_fn f32[] = ROWS_TABLE(TQ_F32), f16[] = ROWS_TABLE(TQ_F16), bf16[] = ROWS_TABLE(TQ_BF16),
+                         q4_0[] = ROWS_TABLE(TQ_Q4_0), q4_1[] = ROWS_TABLE(TQ_Q4_1), q5_0[] = ROWS_TABLE(TQ_Q5_0),
+                         q5_1[] = ROWS_TABLE(TQ_Q5_1), q8_0[] = ROWS_TABLE(TQ_Q8_0), q4_k[] = ROWS_TABLE(TQ_Q4_K),
+                         q5_k[] = ROWS_TABLE(TQ_Q5_K), q6_k[] = ROWS_TABLE(TQ_Q6_K);
+    switch (kind) {
+    case TQ_F32: return f32;
+    case TQ_F16: return f16;
+    case TQ_BF16: return bf16;
+    case TQ_Q4_0: return q4_0;
+    case TQ_Q4_1: return q4_1;
+    case TQ_Q5_0: return q5_0;
+    case TQ_Q5_1: return q5_1;
+    case TQ_Q8_0: return q8_0;
+    case TQ_Q4_K: return q4_k;
+    case TQ_Q5_K: return q5_k;
+    case TQ_Q6_K: return q6_k;
+    default: return 0;
+    }
+}
+
+int TQ_GEMM_NAME(TQ_GEMM_ARGS) {
+    const rows_fn *fns = rows_of(kind);
+    if (!fns || !tq_gemm_shape_ok(kind, inner)) return -1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t o = 0; o < out; o++)
+        for (int64_t r0 = 0; r0 < n; r0 += ROWS) {
+            const int k = n - r0 < ROWS ? (int)(n - r0) : ROWS;
+            fns[k - 1](x, inner, w + o * ldw, bias, y, ldy, r0, o);
+        }
+    return 0;
+}

@@ -1,0 +1,230 @@
+"""Quantized weights read as stored in a GGUF file, and the decoder's row ops, on the C kernels of ``native``.
+
+``QuantWeight(kind, raw, out, inner)``: one weight [out, inner] as the file's block bytes (``raw``: [out, bytes
+a row], e.g. a numpy view into the GGUF mapping, kept as is: a weight costs its file size and can stay
+memory-mapped). Kinds: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (``KINDS``).
+  * ``matmul(x, bias)``: x [n, inner] fp32 -> x W^T (+ bias) [n, out]. Each weight is rebuilt in registers with
+    gguf-py's arithmetic (the fp32 weights transformers loads, bit for bit); only the summation order is the
+    kernel's. A row's result does not depend on n or the thread count (exact rows).
+  * ``rows(ids)``: the exact fp32 weights of those rows (an embedding lookup); ``dequantize()``: all of them.
+
+``Ops``: attention (exact rows, optional sliding window) and the row-wise glue on torch tensors.
+
+Both use the ISA ``native.isa()`` picks (``TANDEM_ISA`` / ``--isa`` forces one), or the one passed as ``isa``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from verifier_service import native
+
+KINDS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+CHUNK = 32   # every row is whole 32-weight chunks (and whole blocks of its kind)
+
+
+def row_bytes(kind: str, inner: int) -> int:
+    """Bytes of one row of ``inner`` weights of ``kind`` in a GGUF file."""
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+    return inner // block * size
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _check_f32(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if t.dtype != torch.float32 or tuple(t.shape) != shape or t.device.type != "cpu":
+        raise ValueError(f"{name}: expected a CPU float32 tensor of shape {shape}, got {t.dtype} {tuple(t.shape)}")
+
+
+class QuantWeight:
+    """One weight [out, inner] of a GGUF file as its raw blocks (see the module docstring)."""
+
+    def __init__(self, kind: str | GGMLQuantizationType | int, raw: np.ndarray, out: int, inner: int,
+                 isa: str | None = None):
+        self.kind = GGMLQuantizationType(kind).name if not isinstance(kind, str) else kind
+        if self.kind not in KINDS:
+            raise ValueError(f"GGUF type {self.kind} is not one the kernels read ({', '.join(KINDS)})")
+        self.out, self.inner = int(out), int(inner)
+        block = GGML_QUANT_SIZES[GGMLQuantizationType[self.kind]][0]
+        if self.inner % CHUNK or self.inner % block:
+            raise ValueError(f"a {self.kind} row of {self.inner} weights is not whole {max(block, CHUNK)}-weight blocks")
+        raw = np.asarray(raw)
+        raw = raw.view(np.uint8) if raw.ndim == 2 and raw.strides[1] == raw.itemsize else raw
+        self.row_bytes = row_bytes(self.kind, self.inner)
+        if raw.ndim == 1 and raw.nbytes == self.out * self.row_bytes:
+            raw = raw.view(np.uint8).reshape(self.out, self.row_bytes)
+        if raw.shape != (self.out, self.row_bytes) or raw.strides[1] != 1:
+            raise ValueError(f"{self.kind} [{self.out}, {self.inner}]: raw blocks must be [{self.out}, "
+                             f"{self.row_bytes}] bytes with contiguous rows, got {raw.shape} {raw.dtype}")
+        self.raw = raw                                   # kept: the data (or the file mapping) it views
+        self._type = int(GGMLQuantizationType[self.kind])
+        self._kernels = native.kernels(isa)
+        self.isa = self._kernels.isa
+        self._w, self._ldw = raw.ctypes.data, raw.strides[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.out * self.row_bytes
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [n, inner] fp32 -> x W^T + bias [n, out] (bias: [out] fp32 contiguous, or None). ``out``: a tensor
+        [n, out] to write into, whose rows may be strided (a column slice of a wider output)."""
+        # cheap checks only: this runs for every linear of every forward
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.inner or not x.is_cpu:
+            raise ValueError(f"x: expected a CPU float32 tensor [n, {self.inner}], got {x.dtype} {tuple(x.shape)}")
+        x = x.contiguous()
+        n = x.shape[0]
+        if bias is not None and (bias.dtype != torch.float32 or bias.shape != (self.out,) or not bias.is_contiguous()):
+            raise ValueError(f"bias: expected a contiguous float32 tensor [{self.out}]")
+        if out is None:
+            y = torch.empty(n, self.out)
+        elif out.shape != (n, self.out) or out.stride(1) != 1 or out.dtype != torch.float32:
+            raise ValueError(f"out: expected float32 [{n}, {self.out}] with unit column stride")
+        else:
+            y = out
+        rc = self._kernels.gemm(self._type, x.data_ptr(), n, self.inner, self._w, self._ldw, self.out, _ptr(bias),
+                                y.data_ptr(), y.stride(0), torch.get_num_threads())
+        if rc:
+            raise RuntimeError(f"the {self.isa} GEMM refused {self.kind} [{self.out}, {self.inner}]")
+        return y
+
+    def rows(self, ids: Sequence[int] | np.ndarray | torch.Tensor | None) -> torch.Tensor:
+        """The exact fp32 weights of rows ``ids`` [len(ids), inner] (None: every row)."""
+        if ids is None:
+            index, n = None, self.out
+        else:
+            index = np.ascontiguousarray(np.asarray(ids, dtype=np.int64).reshape(-1))
+            n = len(index)
+            if n and (index.min() < 0 or index.max() >= self.out):
+                raise IndexError(f"row ids must be in [0, {self.out})")
+        y = torch.empty(n, self.inner)
+        rc = self._kernels.dequantize_rows(self._type, self._w, self._ldw, None if index is None else index.ctypes.data,
+                                           n, self.inner, y.data_ptr(), torch.get_num_threads())
+        if rc:
+            raise RuntimeError(f"cannot dequantize {self.kind} [{self.out}, {self.inner}]")
+        return y
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 weight [out, inner] the blocks stand for (gguf-py's values, bit for bit)."""
+        return self.rows(None)
+
+    def take(self, order: Sequence[int] | np.ndarray) -> "QuantWeight":
+        """The weight whose row i is this one's row order[i] (a copy of those blocks)."""
+        return QuantWeight(self.kind, self.raw[np.asarray(order)], len(order), self.inner, self.isa)
+
+    @staticmethod
+    def cat(parts: Sequence["QuantWeight"]) -> "QuantWeight":
+        """The weight whose rows are ``parts``' rows in order (merged q/k/v, gate/up): a copy of their blocks."""
+        kind, inner = parts[0].kind, parts[0].inner
+        if any(p.kind != kind or p.inner != inner for p in parts):
+            raise ValueError("cannot merge GGUF weights of different types or widths")
+        return QuantWeight(kind, np.concatenate([p.raw for p in parts]), sum(p.out for p in parts), inner, parts[0].isa)
+
+    def __repr__(self) -> str:
+        return f"QuantWeight({self.kind}, [{self.out}, {self.inner}], {self.nbytes / 1e6:.1f} MB, {self.isa})"
+
+
+class Ops:
+    """The decoder layer's attention and row-wise glue on CPU float32 tensors (rows exact on every ISA).
+    Shapes: n rows (tokens at positions start..start+n-1), H heads, KV key/value heads, D head size."""
+
+    def __init__(self, isa: str | None = None):
+        self._k = native.kernels(isa)
+        self.isa = self._k.isa
+
+    def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, scale: float,
+                  window: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+        """q [n, H, D] (q.stride(2) == 1, q.stride(1) == D; any row stride, e.g. a slice of the qkv output);
+        k_cache, v_cache [KV, capacity, D] contiguous (one layer; positions 0..start+n-1 written). Row i attends
+        to positions ..start+i, the last ``window`` of them (0: all). Returns out [n, H * D]."""
+        n, heads, d = q.shape
+        kv_heads, cap = k_cache.shape[:2]
+        if q.stride(2) != 1 or q.stride(1) != d or q.dtype != torch.float32:
+            raise ValueError("q: float32 [n, H, D] with contiguous heads")
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            _check_f32(name, t, (kv_heads, cap, d))
+            if not t.is_contiguous():
+                raise ValueError(f"{name} must be contiguous")
+        if heads % kv_heads or start + n > cap:
+            raise ValueError(f"{heads} heads over {kv_heads} KV heads, positions up to {start + n} of {cap}")
+        out = torch.empty(n, heads * d) if out is None else out
+        _check_f32("out", out, (n, heads * d))
+        self._k.attention(q.data_ptr(), q.stride(0), n, heads, kv_heads, d, k_cache.data_ptr(), v_cache.data_ptr(),
+                          cap, start, window, scale, out.data_ptr(), torch.get_num_threads())
+        return out
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [n, dim] += residual (None: no add), in place; returns weight * RMSNorm(x) [n, dim]."""
+        n, dim = x.shape
+        if not x.is_contiguous():
+            raise ValueError("x must be contiguous (it is updated in place)")
+        _check_f32("x", x, (n, dim))
+        if residual is not None:
+            _check_f32("residual", residual, (n, dim))
+            residual = residual.contiguous()
+        _check_f32("weight", weight, (dim,))
+        out = torch.empty(n, dim) if out is None else out
+        _check_f32("out", out, (n, dim))
+        weight = weight.contiguous()          # locals: a temporary copy must outlive the call
+        self._k.add_rms_norm(x.data_ptr(), _ptr(residual), n, dim, weight.data_ptr(), eps, out.data_ptr())
+        return out
+
+    def head_rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm of each head vector of x [n, heads, D] in place (x.stride(2) == 1, x.stride(1) == D; any row
+        stride: the q or k part of a qkv output); weight [D]. Returns x."""
+        n, heads, d = x.shape
+        if x.stride(2) != 1 or x.stride(1) != d or x.dtype != torch.float32:
+            raise ValueError("x: float32 [n, heads, D] with contiguous heads")
+        _check_f32("weight", weight, (d,))
+        weight = weight.contiguous()
+        self._k.head_rms_norm(x.data_ptr(), n, x.stride(0), heads, d, weight.data_ptr(), eps)
+        return x
+
+    def rope_store(self, qkv: torch.Tensor, heads: int, kv_heads: int, cos: torch.Tensor, sin: torch.Tensor,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, interleaved: bool = False,
+                   q_out: torch.Tensor | None = None) -> torch.Tensor:
+        """qkv [n, (H + 2 KV) D] contiguous (q, k, v heads of each row); cos/sin [n, D] of positions
+        start..start+n-1 (transformers' rotary table). Writes rope(k) and v into k_cache/v_cache [KV, capacity, D]
+        at those positions and returns rope(q) [n, H * D]. ``interleaved``: pairs (2j, 2j + 1), the q/k row
+        order of a GGUF Llama file; else (j, j + D/2), transformers' order."""
+        n = qkv.shape[0]
+        kv, cap, d = k_cache.shape
+        _check_f32("qkv", qkv, (n, (heads + 2 * kv_heads) * d))
+        for name, t in (("cos", cos), ("sin", sin)):
+            _check_f32(name, t, (n, d))
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            _check_f32(name, t, (kv_heads, cap, d))
+            if not t.is_contiguous():
+                raise ValueError(f"{name} must be contiguous")
+        if start + n > cap:
+            raise ValueError(f"positions up to {start + n} exceed the cache's {cap}")
+        q_out = torch.empty(n, heads * d) if q_out is None else q_out
+        _check_f32("q_out", q_out, (n, heads * d))
+        qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
+        self._k.rope_store(qkv.data_ptr(), n, heads, kv_heads, d, cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
+                           v_cache.data_ptr(), cap, start, q_out.data_ptr(), int(interleaved))
+        return q_out
+
+    def _gated(self, fn, gate_up: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        n, two = gate_up.shape
+        _check_f32("gate_up", gate_up, (n, two))
+        out = torch.empty(n, two // 2) if out is None else out
+        _check_f32("out", out, (n, two // 2))
+        gate_up = gate_up.contiguous()
+        fn(gate_up.data_ptr(), n, two // 2, out.data_ptr())
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """gate_up [n, 2 I] = [gate, up] of each row -> silu(gate) * up [n, I] (Llama, Qwen, Mistral MLPs)."""
+        return self._gated(self._k.silu_mul, gate_up, out)
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """gate_up [n, 2 I] -> gelu_tanh(gate) * up [n, I] (Gemma's gelu_pytorch_tanh MLP)."""
+        return self._gated(self._k.gelu_tanh_mul, gate_up, out)
