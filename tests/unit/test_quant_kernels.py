@@ -1,0 +1,290 @@
+"""The C kernels on every ISA path this CPU runs (verifier_service.quant over native: avx512, avx2, generic).
+
+A tiny GGUF file holds one weight of each block type the kernels read, written with gguf-py's GGUFWriter
+(quantized by gguf-py where it can; K-quant blocks, which gguf-py cannot make, are random bytes with sane
+fp16 scales) and read back through GGUFReader's memory map. gguf-py's dequantizer is the oracle: the
+transformers weights are its output. On each path:
+  * rows() / dequantize() are gguf-py's values bit for bit, and so are the weights the GEMM rebuilds (an
+    identity input makes each output a single weight: the sum adds only zeros);
+  * the GEMM equals the fp32 product within the forward error bound of any summation order,
+    |y - y_exact| <= (inner + 2) 2^-24 (|x| |W|^T + |b|) (2^-24: fp32's unit roundoff; inner products, one
+    bias add), checked against a float64 product of the same weights;
+  * a row's output is bit-identical at every block width 1-8, any offset, and 1 or 2 threads;
+  * attention and the glue match torch's formulas to fp32 rounding, with exact rows.
+Paths this CPU cannot run are reported as skipped."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from verifier_service import native
+from verifier_service.quant import KINDS, Ops, QuantWeight
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason=f"C kernels unavailable: {native.unavailable_reason()}")
+
+OUT, INNER = 40, 512          # 40 output rows: not a multiple of the row or thread blocking; 2 K-quant super-blocks
+U = 2.0 ** -24
+
+
+def isa_param(which: str):
+    return pytest.param(which, id=which, marks=pytest.mark.skipif(
+        which not in native.runnable_isas(), reason=f"this CPU does not run the {which} path"))
+
+
+ISAS = [isa_param(i) for i in native.ISAS]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _k_quant_blocks(kind, rng) -> np.ndarray:
+    """Random K-quant blocks [OUT, bytes a row] with finite fp16 scales of a weight's magnitude."""
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
+    nb = INNER // block
+    raw = rng.integers(0, 256, size=(OUT, nb, size), dtype=np.uint8)
+
+    def half(lo, hi):
+        return rng.uniform(lo, hi, (OUT, nb)).astype(np.float16).view(np.uint8).reshape(OUT, nb, 2)
+
+    if kind == "Q6_K":
+        raw[..., size - 2:] = half(-0.01, 0.01)                  # d, last
+    else:
+        raw[..., 0:2], raw[..., 2:4] = half(0, 0.01), half(0, 0.01)    # d, dmin
+    return raw.reshape(OUT, nb * size)
+
+
+@pytest.fixture(scope="module")
+def gguf_weights(tmp_path_factory):
+    """{kind: (raw blocks as GGUFReader maps them, gguf-py's fp32 weights [OUT, INNER])}."""
+    import gguf
+
+    rng = np.random.default_rng(7)
+    path = tmp_path_factory.mktemp("quant") / "kinds.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for kind in KINDS:
+        qtype = gguf.GGMLQuantizationType[kind]
+        if kind.endswith("_K"):
+            writer.add_tensor(kind, _k_quant_blocks(kind, rng), raw_dtype=qtype)
+            continue
+        values = (rng.standard_normal((OUT, INNER)) * 0.05).astype(np.float32)
+        if kind == "F32":
+            writer.add_tensor(kind, values)
+        elif kind == "F16":
+            writer.add_tensor(kind, values.astype(np.float16))
+        else:
+            writer.add_tensor(kind, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = gguf.GGUFReader(str(path))
+    out = {}
+    for t in reader.tensors:
+        assert [int(s) for s in t.shape] == [INNER, OUT]
+        ref = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(OUT, INNER)
+        out[t.name] = (t.data, torch.from_numpy(ref.copy()))
+    out["_reader"] = reader                                       # keeps the map open
+    return out
+
+
+def weight(gguf_weights, kind, which) -> tuple[QuantWeight, torch.Tensor]:
+    raw, ref = gguf_weights[kind]
+    return QuantWeight(kind, raw, OUT, INNER, isa=which), ref
+
+
+@pytest.mark.parametrize("which", ISAS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_and_rebuilt_weights_are_gguf_py_values(gguf_weights, kind, which):
+    w, ref = weight(gguf_weights, kind, which)
+    assert w.nbytes == gguf_weights[kind][0].nbytes                        # the file's bytes, not a copy
+    assert torch.equal(w.dequantize(), ref)
+    ids = [39, 0, 7, 7, 21]
+    assert torch.equal(w.rows(ids), ref[ids])
+    assert torch.equal(w.rows(torch.tensor([3])), ref[3:4])
+    # x = identity: y[i, o] = W[o, i] exactly (one product by 1, then sums of zeros)
+    assert torch.equal(w.matmul(torch.eye(INNER)).T, ref)
+
+
+@pytest.mark.parametrize("which", ISAS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_gemm_equals_the_fp32_product_within_rounding(gguf_weights, kind, which):
+    w, ref = weight(gguf_weights, kind, which)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(19, INNER, generator=gen)
+    bias = torch.randn(OUT, generator=gen)
+    y = w.matmul(x, bias)
+    exact = x.double() @ ref.double().T + bias.double()
+    bound = (INNER + 2) * U * (x.double().abs() @ ref.double().abs().T + bias.double().abs())
+    assert ((y.double() - exact).abs() <= bound).all(), float(((y.double() - exact).abs() / bound).max())
+    torch_fp32 = F.linear(x, ref, bias).double()                 # torch's own fp32 GEMM obeys the same bound
+    assert ((torch_fp32 - exact).abs() <= bound).all()
+    assert ((y.double() - torch_fp32).abs() <= 2 * bound).all()
+
+
+@pytest.mark.parametrize("which", ISAS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_do_not_depend_on_width_or_threads(gguf_weights, kind, which):
+    w, _ = weight(gguf_weights, kind, which)
+    x = torch.randn(11, INNER, generator=torch.Generator().manual_seed(2))
+    full = w.matmul(x)
+    for width in range(1, 9):
+        for first in (0, 3, 11 - width):
+            assert torch.equal(w.matmul(x[first:first + width]), full[first:first + width]), (width, first)
+    torch.set_num_threads(2)
+    assert torch.equal(w.matmul(x), full)
+    assert torch.equal(w.matmul(x[5:6]), full[5:6])
+    into = torch.zeros(11, OUT + 8)
+    w.matmul(x, out=into[:, 4:4 + OUT])                 # strided output rows: a column slice
+    assert torch.equal(into[:, 4:4 + OUT], full) and not into[:, :4].any() and not into[:, 4 + OUT:].any()
+
+
+def test_paths_agree_within_rounding(gguf_weights):
+    x = torch.randn(3, INNER, generator=torch.Generator().manual_seed(3))
+    for kind in KINDS:
+        ys = [weight(gguf_weights, kind, i)[0].matmul(x) for i in native.runnable_isas()]
+        ref = gguf_weights[kind][1].double()
+        bound = 2 * (INNER + 2) * U * (x.double().abs() @ ref.abs().T)
+        for y in ys[1:]:
+            assert ((y.double() - ys[0].double()).abs() <= bound).all(), kind
+
+
+def test_bad_weights_and_isas_are_refused(gguf_weights, monkeypatch):
+    raw, _ = gguf_weights["Q4_K"]
+    with pytest.raises(ValueError, match="not whole"):
+        QuantWeight("Q4_K", raw[:, :72], OUT, 128)                     # 128 weights: half a super-block
+    with pytest.raises(ValueError, match="raw blocks must be"):
+        QuantWeight("Q4_K", raw[:, :144], OUT, INNER)
+    with pytest.raises(ValueError, match="IQ2_XXS"):
+        QuantWeight("IQ2_XXS", raw, OUT, INNER)
+    monkeypatch.setenv(native.ENV, "generic")
+    assert native.isa() == "generic" and native.library().isa == "generic"
+    assert QuantWeight("Q4_K", raw, OUT, INNER).isa == "generic"
+    monkeypatch.setenv(native.ENV, "sse9")
+    with pytest.raises(ValueError, match="--isa 'sse9'"):
+        native.isa()
+    missing = [i for i in native.built_isas() if i not in native.runnable_isas()]
+    if missing:                                   # a path this CPU lacks: the error names the flag and the fix
+        monkeypatch.setenv(native.ENV, missing[0])
+        with pytest.raises(ValueError, match=f"--isa {missing[0]} \\(TANDEM_ISA={missing[0]}\\): this CPU lacks"):
+            native.isa()
+    monkeypatch.setenv(native.ENV, "auto")
+    assert native.isa() == native.runnable_isas()[0]
+
+
+# ---- attention and glue ------------------------------------------------------------------------------
+def attention_reference(q, kv, start, scale, window):
+    """Row i attends to positions max(0, p + 1 - window)..p, p = start + i, in float64."""
+    n, heads, _ = q.shape
+    group = heads // kv.shape[1]
+    rows = []
+    for i in range(n):
+        end = start + i + 1
+        begin = max(0, end - window) if window else 0
+        keys = kv[0, :, begin:end].double().repeat_interleave(group, 0)           # [H, m, D]
+        values = kv[1, :, begin:end].double().repeat_interleave(group, 0)
+        p = torch.softmax(q[i].double()[:, None] @ keys.transpose(1, 2) * scale, -1)
+        rows.append((p @ values).reshape(-1))
+    return torch.stack(rows).float()
+
+
+@pytest.mark.parametrize("which", ISAS)
+@pytest.mark.parametrize("d,window", [(64, 0), (40, 0), (16, 5), (72, 37)])
+def test_attention_matches_softmax_attention_and_rows_are_exact(which, d, window):
+    ops = Ops(which)
+    gen = torch.Generator().manual_seed(d + window)
+    heads, kv_heads, cap, start, n = 6, 2, 160, 90, 8
+    kv = torch.randn(2, kv_heads, cap, d, generator=gen)
+    qkv = torch.randn(n, heads + 2 * kv_heads, d, generator=gen)
+    q = qkv[:, :heads]                                         # a strided slice, as the decoder passes it
+    scale = d ** -0.5
+    full = ops.attention(q, kv[0], kv[1], start, scale, window)
+    torch.testing.assert_close(full, attention_reference(q, kv, start, scale, window), rtol=1e-5, atol=1e-6)
+    for width in range(1, n + 1):
+        for first in (0, n - width):
+            part = ops.attention(q[first:first + width], kv[0], kv[1], start + first, scale, window)
+            assert torch.equal(part, full[first:first + width]), (width, first)
+    torch.set_num_threads(2)
+    assert torch.equal(ops.attention(q, kv[0], kv[1], start, scale, window), full)
+
+
+def rows_exact(fn, x: torch.Tensor) -> torch.Tensor:
+    """fn over all rows of x; asserts each row alone (and every width-3 window) gives the same bits."""
+    full = fn(x)
+    for i in range(x.shape[0]):
+        assert torch.equal(fn(x[i:i + 1]), full[i:i + 1]), i
+    for first in range(x.shape[0] - 2):
+        assert torch.equal(fn(x[first:first + 3]), full[first:first + 3]), first
+    return full
+
+
+@pytest.mark.parametrize("which", ISAS)
+def test_gated_products_match_torch(which):
+    ops = Ops(which)
+    gate_up = torch.randn(6, 2 * 301, generator=torch.Generator().manual_seed(4)) * 3   # 301: SIMD tails
+    gate, up = gate_up[:, :301], gate_up[:, 301:]
+    silu = rows_exact(ops.silu_mul, gate_up)
+    torch.testing.assert_close(silu, F.silu(gate) * up, rtol=2e-6, atol=1e-6)
+    gelu = rows_exact(ops.gelu_tanh_mul, gate_up)
+    torch.testing.assert_close(gelu, F.gelu(gate, approximate="tanh") * up, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("which", ISAS)
+def test_norms_and_rope_match_transformers_formulas(which):
+    ops = Ops(which)
+    gen = torch.Generator().manual_seed(5)
+    n, heads, kv_heads, d, cap, start, hidden = 5, 4, 2, 24, 32, 9, 200
+    x = torch.randn(n, hidden, generator=gen)
+    res = torch.randn(n, hidden, generator=gen)
+    w = torch.randn(hidden, generator=gen)
+
+    def rms(t, weight, eps):                 # LlamaRMSNorm / Qwen3RMSNorm in float32
+        return weight * (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps))
+
+    xs = x.clone()
+    h = ops.add_rms_norm(xs, res, w, 1e-6)
+    assert torch.equal(xs, x + res)
+    torch.testing.assert_close(h, rms(x + res, w, 1e-6), rtol=1e-5, atol=1e-6)
+    assert torch.equal(ops.add_rms_norm(xs[2:3].clone(), None, w, 1e-6), h[2:3])     # a row alone: same bits
+
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * d, generator=gen)
+    qw, kw = torch.randn(d, generator=gen), torch.randn(d, generator=gen)
+    normed = qkv.clone()
+    ops.head_rms_norm(normed[:, :heads * d].view(n, heads, d), qw, 1e-6)
+    ops.head_rms_norm(normed[:, heads * d:(heads + kv_heads) * d].view(n, kv_heads, d), kw, 1e-6)
+    want = qkv.view(n, heads + 2 * kv_heads, d).clone()
+    want[:, :heads] = rms(want[:, :heads], qw, 1e-6)
+    want[:, heads:heads + kv_heads] = rms(want[:, heads:heads + kv_heads], kw, 1e-6)
+    torch.testing.assert_close(normed, want.view(n, -1), rtol=1e-5, atol=1e-6)
+
+    angles = (torch.arange(start, start + n)[:, None] * 0.37 ** torch.arange(d // 2)).float()
+    cos, sin = torch.cat([angles.cos()] * 2, 1), torch.cat([angles.sin()] * 2, 1)      # transformers' layout
+    k_cache, v_cache = torch.zeros(kv_heads, cap, d), torch.zeros(kv_heads, cap, d)
+    q = ops.rope_store(qkv, heads, kv_heads, cos, sin, k_cache, v_cache, start)
+    parts = qkv.view(n, heads + 2 * kv_heads, d)
+
+    def rope(t):                                                                       # t [n, h, d]
+        rotated = torch.cat((-t[..., d // 2:], t[..., :d // 2]), -1)
+        return t * cos[:, None] + rotated * sin[:, None]
+
+    assert torch.equal(q.view(n, heads, d), rope(parts[:, :heads]))                    # torch's rounding: equal bits
+    assert torch.equal(k_cache[:, start:start + n], rope(parts[:, heads:heads + kv_heads]).transpose(0, 1))
+    assert torch.equal(v_cache[:, start:start + n], parts[:, heads + kv_heads:].transpose(0, 1))
+    assert not k_cache[:, :start].any() and not k_cache[:, start + n:].any()
+    # interleaved pairs (a GGUF Llama file's q/k row order) give the same numbers, permuted
+    perm = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], 1).reshape(-1)   # file row -> halves row
+    file_qkv = parts.clone()
+    file_qkv[:, :heads + kv_heads] = parts[:, :heads + kv_heads, perm]
+    k2, v2 = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+    q2 = ops.rope_store(file_qkv.view(n, -1), heads, kv_heads, cos, sin, k2, v2, start, interleaved=True)
+    assert torch.equal(q2.view(n, heads, d), q.view(n, heads, d)[..., perm])
+    assert torch.equal(k2[..., perm.argsort()], k_cache) and torch.equal(v2, v_cache)
