@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from pathlib import Path
@@ -28,6 +29,8 @@ def configure(p) -> None:
     flag(p, "exact-rows", "on", help="'on': every row of a verified block is computed as a plain step would "
          "(bit-identical logits, so greedy speculative output equals plain decoding exactly); 'off' saves ~3 ms at "
          "block width 8")
+    flag(p, "isa", "auto", help="the C kernels' instruction set: 'auto' (the best this CPU runs), or force one: "
+         "'avx512', 'avx2', 'generic' (plain C, any CPU); a CPU that lacks it is an error")
     flag(p, "prefill-chunk", 256, int, help="prompt tokens per prefill forward: other sessions' steps run between "
          "chunks, and a cancelled request stops at the next one (0: the whole prompt at once)")
     flag(p, "no-warmup", help="skip the start-up forwards at each block width (the first requests are then slow "
@@ -66,6 +69,10 @@ async def run(args) -> int:
         torch_thread.run(torch.set_num_threads, args.threads)
     if args.exact_rows not in ("on", "off"):
         raise ValueError(f"--exact-rows is 'on' or 'off', not {args.exact_rows!r}")
+    from verifier_service import native
+
+    os.environ[native.ENV] = args.isa           # the kernels read it; checked now, before the model loads
+    native.isa()
     target = await torch_thread.arun(Target.load, args.target, dtype=args.dtype, device=args.device,
                                      session_ttl_s=args.session_ttl,
                          max_sessions=args.max_sessions, max_block=args.max_block, gemm=args.gemm,
