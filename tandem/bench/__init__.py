@@ -22,7 +22,7 @@ How a run goes (``tandem.bench.runner``):
    ``tandem.bench.environment``), JSON + Markdown report (``tandem.bench.report``), PNG plots
    (``tandem.bench.plots``).
 
-Definitions (Spec-Bench, vLLM; see ``/work/shared/DESIGN.md``): tokens/s of a request = new tokens /
+Definitions (Spec-Bench, vLLM; see docs/DESIGN.md): tokens/s of a request = new tokens /
 client-side wall time of the request (prefill included); speedup of a mode = mean over prompts of
 its tokens/s / the same mean for the baseline (plain decoding through the same verifier); mean
 acceptance length = tokens emitted per target forward after the prefill.

@@ -1,4 +1,4 @@
-"""llama.cpp as a peer of Tandem (issue 14.3): the target's own GGUF file run by llama.cpp through
+"""llama.cpp as a peer of Tandem: the target's own GGUF file run by llama.cpp through
 ``llama-cpp-python`` (the optional extra ``tandem-spec[llama]``), alone (``llama_plain``) and with
 prompt lookup decoding (``llama_lookup``: ``llama_cpp.llama_speculative.LlamaPromptLookupDecoding``
 as ``draft_model=``), in the bench process, with the verifier's thread count, greedy (temp 0).

@@ -1,4 +1,4 @@
-"""Many clients at once: 16 concurrent clients for TANDEM_LOAD_SECONDS (default 15 s; the issue's full run is
+"""Many clients at once: 16 concurrent clients for TANDEM_LOAD_SECONDS (default 15 s; the full run is
 60 s) against a gateway limited to 8 concurrent requests, with cancellations mixed in (streams dropped after
 a few chunks, unary calls cancelled in flight). Expected: no errors other than RESOURCE_EXHAUSTED beyond the
 limit (and CANCELLED for the calls the clients cancelled themselves); every greedy completion equals plain

@@ -1,4 +1,4 @@
-"""A long prompt keeps speculation on (issue 17): the drafter prefills its context in chunks well within
+"""A long prompt keeps speculation on: the drafter prefills its context in chunks well within
 its deadline, so the request speculates instead of silently falling back to target-only decoding.
 Before, a 5 000-word prompt's first Propose (one ONNX run over the whole prompt) missed the 15 s drafter
 deadline and the request decoded with the target alone."""

@@ -282,8 +282,8 @@ FIXED_KS = tuple(int(k) for k in os.environ.get("TANDEM_NETNS_FIXED_KS", "1,2,3,
 
 
 def test_auto_draft_length_grows_with_the_round_trip_to_the_drafter(hosts, request, tmp_path):
-    """Issue 15's delay check: gateways with ``--draft-length auto`` on loopback and behind a link with
-    AUTO_DELAY_MS each way; auto must fetch longer blocks from the drafter behind the delay (it measures the
+    """The delay check of the automatic draft length: gateways with ``--draft-length auto`` on loopback and
+    behind a link with AUTO_DELAY_MS each way; auto must fetch longer blocks from the drafter behind the delay (it measures the
     round trip as per-round overhead), and every mode's greedy output must equal plain decoding. The fixed-k sweep under
     the same conditions is printed beside auto (with -s) and saved to netns_auto.txt: timings are reported,
     not asserted."""
