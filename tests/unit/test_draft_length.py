@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from gateway.draft_length import (AcceptanceEstimator, CostModel, DraftLengthPolicy, RoundFigures, choose_k,
-                                  expected_tokens)
+from gateway.draft_length import (AcceptanceEstimator, AutoDraftLength, CostModel, PinnedDraftLength, ProbeRule,
+                                  ProbeSchedule, RoundFigures, choose_k, expected_tokens)
 from tandem.types import DraftToken, Proposal, VerifyOutcome
 
 
@@ -204,16 +204,16 @@ def test_relax_drifts_stale_session_figures_back_to_the_prior():
 
 
 # ---- the policy --------------------------------------------------------------------------------------
-def losing_policy(**kw) -> DraftLengthPolicy:
+def losing_policy(**probing) -> AutoDraftLength:
     """A drafter that never pays: plain wins the choice every round."""
     cost = cost_model({0: 10.0, 1: 15.0, 2: 20.0}, draft_per_token=1.0, plain_oh=0.1, spec_oh=0.5)
-    return DraftLengthPolicy(cost, AcceptanceEstimator(default=0.01), **kw)
+    return AutoDraftLength(cost, AcceptanceEstimator(default=0.01), probing=ProbeRule(**probing))
 
 
-def flat_losing_policy(**kw) -> DraftLengthPolicy:
+def flat_losing_policy(**probing) -> AutoDraftLength:
     """A drafter that never pays, against a nearly flat verify curve (a refused probe predicted at ~5 %)."""
     cost = cost_model({0: 10.0, 1: 10.3, 2: 10.6}, draft_per_token=0.1, plain_oh=0.1, spec_oh=0.2)
-    return DraftLengthPolicy(cost, AcceptanceEstimator(default=0.001, prior_weight=50.0), **kw)
+    return AutoDraftLength(cost, AcceptanceEstimator(default=0.001, prior_weight=50.0), probing=ProbeRule(**probing))
 
 
 def plain_round() -> RoundFigures:
@@ -222,7 +222,7 @@ def plain_round() -> RoundFigures:
 
 def test_probing_schedule_doubles_while_probes_lose_up_to_the_cap_and_resets_on_a_win():
     # no budget: the doubling alone (with one, the budget's interval comes first: the next test)
-    policy = losing_policy(probe_every=4, probe_cap=32, probe_budget=0.0)
+    policy = losing_policy(every=4, cap=32, budget=0.0)
     probes = []
     for rnd in range(1, 200):
         d = policy.next_k(8)
@@ -235,7 +235,7 @@ def test_probing_schedule_doubles_while_probes_lose_up_to_the_cap_and_resets_on_
             policy.observe(plain_round())
     assert probes == [4, 12, 28, 60, 92, 124, 156, 188]      # intervals 4, 8, 16, 32 (cap), 32, ...
     # a winning probe (the block was accepted and the round was quick) resets the interval
-    policy = losing_policy(probe_every=4, probe_cap=64, probe_budget=0.0)
+    policy = losing_policy(every=4, cap=64, budget=0.0)
     seen = []
     for rnd in range(1, 60):
         d = policy.next_k(8)
@@ -254,7 +254,7 @@ def test_the_probe_budget_holds_from_the_first_probe():
     0.65 x 6 plain rounds on refused probes in its first 230 rounds (1.7 %, twice the budget; on the 2-core
     AMD EPYC that was a third of `writing`'s loss to plain). After the first refused probe the interval
     jumps to what keeps the probes since the last reset within the budget."""
-    policy = losing_policy(probe_every=4, probe_cap=256, probe_budget=0.01)
+    policy = losing_policy(every=4, cap=256, budget=0.01)
     probes, spent = [], 0.0
     for rnd in range(1, 1000):
         d = policy.next_k(8)
@@ -275,7 +275,7 @@ def test_cheap_probes_stay_frequent_and_their_worst_case_cost_stays_within_the_b
     """With a nearly flat verify curve a refused probe costs ~5 % of a plain step, so the interval stops
     at ceil(0.05 / probe_budget) instead of doubling to the cap: estimates stay fresh where acceptance is
     bursty, and even a drafter that never pays costs at most ~probe_budget of plain throughput."""
-    policy = flat_losing_policy(probe_every=1, probe_cap=64, probe_budget=0.02, probe_k_max=2)   # blocks of <= 2
+    policy = flat_losing_policy(every=1, cap=64, budget=0.02, max_length=2)   # blocks of <= 2
     spent = {"plain": 0.0, "probe": 0.0}
     probes = []
     for rnd in range(1, 400):
@@ -293,7 +293,7 @@ def test_cheap_probes_stay_frequent_and_their_worst_case_cost_stays_within_the_b
     worst_loss = len(probes) * (10.6 - 10.1) / (spent["plain"] + spent["probe"])
     assert worst_loss <= 0.02
     # the same drafter against a steep curve (a refused probe costs 60 %) backs off to the cap
-    steep = losing_policy(probe_every=4, probe_cap=64, probe_budget=0.02)
+    steep = losing_policy(every=4, cap=64, budget=0.02)
     for _ in range(400):
         d = steep.next_k(8)
         steep.observe(RoundFigures(width=1, accepted=0, verify_ms=15.0, draft_ms=1.0, round_ms=16.5)
@@ -303,7 +303,7 @@ def test_cheap_probes_stay_frequent_and_their_worst_case_cost_stays_within_the_b
 
 def test_pinned_k_is_honoured_and_figures_still_recorded():
     gateway = AcceptanceEstimator(alpha=0.02)
-    policy = DraftLengthPolicy(cost_model({0: 10.0, 1: 30.0}), AcceptanceEstimator(prior=gateway), pinned=3)
+    policy = PinnedDraftLength(cost_model({0: 10.0, 1: 30.0}), AcceptanceEstimator(prior=gateway), 3)
     for _ in range(10):
         d = policy.next_k(8)
         assert d.k == 3 and d.reason == "pinned"
@@ -314,7 +314,7 @@ def test_pinned_k_is_honoured_and_figures_still_recorded():
 
 
 def test_no_figures_yet_uses_the_fallback_k():
-    policy = DraftLengthPolicy(CostModel(), AcceptanceEstimator(), fallback_k=2)
+    policy = AutoDraftLength(CostModel(), AcceptanceEstimator(), fallback_k=2)
     d = policy.next_k(8)
     assert (d.k, d.reason) == (2, "no-figures")
     policy.observe(RoundFigures(width=2, accepted=1, verify_ms=10.0, draft_ms=1.0, round_ms=12.0))
@@ -334,7 +334,8 @@ class Truth:
         return expected_tokens([self.acceptance(i) for i in range(k)]) / self.ms(k)
 
 
-def simulate(truth: Truth, sessions=12, tokens=300, seed=1234, noise=0.05, k_max=8, policy_kw=None, shared=None,
+def simulate(truth: Truth, sessions=12, tokens=300, seed=1234, noise=0.05, k_max=8, policy_kw=None, schedule=None,
+             pinned: int | None = None,
              lookup_every: int = 0, lookup_tokens: int = 4, lookup_sent: bool = True, lookup_acceptance: float = 0.9):
     """Realized tokens/ms of auto over several sessions sharing one cost model and gateway-wide prior.
     The cost model is seeded from the verifier's profile (widths 0..4), as GetInfo would.
@@ -348,7 +349,9 @@ def simulate(truth: Truth, sessions=12, tokens=300, seed=1234, noise=0.05, k_max
     total_tokens = total_ms = 0.0
     ks = []
     for _ in range(sessions):
-        policy = DraftLengthPolicy(cost, AcceptanceEstimator(prior=gateway), shared=shared, **(policy_kw or {}))
+        acceptance = AcceptanceEstimator(prior=gateway)
+        policy = (PinnedDraftLength(cost, acceptance, pinned) if pinned is not None
+                  else AutoDraftLength(cost, acceptance, schedule=schedule, **(policy_kw or {})))
         remaining = tokens
         rounds = 0
         while remaining > 0:
@@ -378,7 +381,7 @@ def simulate(truth: Truth, sessions=12, tokens=300, seed=1234, noise=0.05, k_max
 
 def fixed(truth: Truth, k_max=8, **kw) -> dict[int, float]:
     """Realized tokens/ms of every fixed k under the same simulation (same seed): the hindsight baseline."""
-    return {k: simulate(truth, policy_kw={"pinned": k}, **kw)[0] for k in range(k_max + 1)}
+    return {k: simulate(truth, pinned=k, **kw)[0] for k in range(k_max + 1)}
 
 
 def test_simulated_amd_like_steep_verify_stays_plain():
@@ -461,7 +464,7 @@ def test_short_requests_share_the_probe_schedule():
     truth = Truth(lambda w: 7.0 * (1 + 0.2 * w), 1.0, 1.0, 1.4, lambda i: 0.0)
     plain = fixed(truth, k_max=0, sessions=30, tokens=64)[0]
     alone, ks_alone = simulate(truth, sessions=30, tokens=64)
-    shared, ks_shared = simulate(truth, sessions=30, tokens=64, shared={})
+    shared, ks_shared = simulate(truth, sessions=30, tokens=64, schedule=ProbeSchedule())
     assert ks_shared.count(0) > ks_alone.count(0)
     assert shared >= 0.97 * plain
     # rounds since the drafter last drafted count across requests: 64-token requests still get probes (a
@@ -470,14 +473,14 @@ def test_short_requests_share_the_probe_schedule():
     drafting = sum(1 for k in ks_shared if k)
     assert 0.005 * len(ks_shared) < drafting < 0.02 * len(ks_shared)
     # the state itself: a second policy starts where the first left it; a win resets it for everyone
-    state: dict = {}
-    first = DraftLengthPolicy(cost_model({0: 10.0, 1: 16.0}), AcceptanceEstimator(default=0.01), shared=state)
+    state = ProbeSchedule()
+    first = AutoDraftLength(cost_model({0: 10.0, 1: 16.0}), AcceptanceEstimator(default=0.01), schedule=state)
     for _ in range(200):
         k = first.next_k(1).k
         first.observe(RoundFigures(width=k, accepted=0, verify_ms=16.0 if k else 10.0, round_ms=16.0 if k else 10.0))
-    assert state["interval"] > first.probe_every
-    second = DraftLengthPolicy(first.cost, AcceptanceEstimator(default=0.01), shared=state)
-    assert second.interval == state["interval"]
+    assert state.interval > ProbeRule().every
+    second = AutoDraftLength(first.cost, AcceptanceEstimator(default=0.01), schedule=state)
+    assert second.interval == state.interval
 
 
 def test_simulated_slow_link_keeps_speculating_with_longer_blocks():
@@ -495,7 +498,7 @@ def test_a_session_that_turns_predictable_gets_speculation_back():
     """200 rounds of a useless drafter (plain wins, probes back off), then the text turns predictable."""
     cost = CostModel()
     cost.seed({w: 10.0 * (1 + 0.05 * w) for w in range(5)})
-    policy = DraftLengthPolicy(cost, AcceptanceEstimator(prior=AcceptanceEstimator(alpha=0.02)))
+    policy = AutoDraftLength(cost, AcceptanceEstimator(prior=AcceptanceEstimator(alpha=0.02)))
     rng = random.Random(7)
     ks = []
     for rnd in range(600):
@@ -538,7 +541,7 @@ def test_lookup_acceptance_is_learned_per_match_length_and_decides_k():
 
 def test_policy_records_the_match_length_of_its_prediction():
     gateway = AcceptanceEstimator(alpha=0.02)
-    policy = DraftLengthPolicy(cost_model({0: 10.0, 1: 10.5, 2: 11.0}), AcceptanceEstimator(prior=gateway))
+    policy = AutoDraftLength(cost_model({0: 10.0, 1: 10.5, 2: 11.0}), AcceptanceEstimator(prior=gateway))
     policy.next_k(2, lookup_available=2, lookup_ngram=2)
     policy.observe(RoundFigures(width=2, accepted=0, verify_ms=11.0, round_ms=12.0, from_lookup=(True, True)))
     assert gateway._lookup_by_n[2].t == 1 and gateway._lookup_by_n[1].t == 0
@@ -550,8 +553,8 @@ def test_probe_budget_counts_what_a_probe_cost_not_what_was_predicted():
     budget must bound the measured cost. Session A never pays (its probes take 16.5 ms against a 10.1 ms
     plain round: 63 % extra, so ceil(0.63 / 0.02) = 32 plain rounds between probes); session B, sharing
     the cost model, drafts cheaply every round."""
-    a = flat_losing_policy(probe_every=4, probe_cap=64, probe_budget=0.02)
-    b = DraftLengthPolicy(a.cost, AcceptanceEstimator(default=0.99, prior_weight=50.0))
+    a = flat_losing_policy(every=4, cap=64, budget=0.02)
+    b = AutoDraftLength(a.cost, AcceptanceEstimator(default=0.99, prior_weight=50.0))
     probes = []
     for rnd in range(1, 600):
         d = a.next_k(8)
@@ -589,7 +592,7 @@ def test_blocks_the_gateway_copies_do_not_probe_the_drafter_or_reset_its_schedul
     """With local lookup, a copied block that wins says nothing about the drafter: a losing drafter is
     still probed on the doubling schedule (rounds since it last drafted, copied blocks included), and every
     probe is a block the drafter drafts (longer than the copy on offer)."""
-    policy = losing_policy(probe_every=4, probe_cap=32, probe_budget=0.0)
+    policy = losing_policy(every=4, cap=32, budget=0.0)
     probes, copied = [], 0
     for rnd in range(1, 200):
         lookup = 1 if rnd % 3 == 0 else 0                  # a one-token copy on offer every third round
@@ -619,7 +622,7 @@ def test_blocks_the_gateway_copies_teach_the_acceptance_of_their_match_length():
     for _ in range(200):
         gateway.observe_block((True, True, True), accepted=3, ngram=3)     # elsewhere, 3-gram copies pay
     cost = cost_model({w: 5.0 + 0.6 * w for w in range(9)}, draft_per_token=1.0, plain_oh=0.9, spec_oh=2.3)
-    policy = DraftLengthPolicy(cost, AcceptanceEstimator(prior=gateway))
+    policy = AutoDraftLength(cost, AcceptanceEstimator(prior=gateway))
     chosen = []
     for _ in range(20):
         d = policy.next_k(8, 3, 3, local_lookup=True)
@@ -653,7 +656,7 @@ def test_the_drafter_s_catch_up_is_learned_apart_and_charged_to_the_rest_of_the_
     copied = choose_k(cost, acc, 8, lookup_available=3, lookup_ngram=4, local_lookup=True, catch_up_ms=60.0,
                       remaining=30)
     assert copied.k == 3                                                            # a copy needs no drafter
-    policy = DraftLengthPolicy(cost, AcceptanceEstimator(default=0.7))
+    policy = AutoDraftLength(cost, AcceptanceEstimator(default=0.7))
     policy.next_k(8, behind=600, remaining=5)
     assert policy.last.k == 0
     d = policy.next_k(8, behind=2, remaining=5)
@@ -674,16 +677,16 @@ def test_a_clear_plain_choice_is_reused_but_never_hides_a_block_that_pays():
     same = sum(a == b for a, b in zip(weighed[1], held[1])) / len(held[1])
     assert same > 0.97
     # the reuse itself, and what ends it (no probes here: probe_every is past the test's rounds)
-    policy = losing_policy(probe_budget=0.0, probe_every=1000, probe_cap=1000)
+    policy = losing_policy(budget=0.0, every=1000, cap=1000)
     policy.acceptance = AcceptanceEstimator(default=0.01, default_lookup=0.99)
     calls = []
-    original = policy.cost.round_ms
+    original = policy.cost.round_curve
 
     def counted(*a, **kw):
         calls.append(1)
         return original(*a, **kw)
 
-    policy.cost.round_ms = counted
+    policy.cost.round_curve = counted
     for _ in range(18):
         assert policy.next_k(8).k == 0
         policy.observe(plain_round())
@@ -719,8 +722,8 @@ def test_a_probe_drafts_the_block_that_would_pay_if_the_text_turned_predictable(
     verify = {w: 10.0 + 3.0 * w for w in range(9)}
     probes = {}
     for link, spec_oh in (("loopback", 0.5), ("slow", 10.5)):
-        policy = DraftLengthPolicy(cost_model(verify, draft_per_token=1.0, plain_oh=0.5, spec_oh=spec_oh),
-                                   AcceptanceEstimator(default=0.2), probe_every=4)
+        policy = AutoDraftLength(cost_model(verify, draft_per_token=1.0, plain_oh=0.5, spec_oh=spec_oh),
+                                 AcceptanceEstimator(default=0.2), probing=ProbeRule(every=4))
         ks = [policy.next_k(8) for _ in range(4)]
         assert [d.k for d in ks[:3]] == [0, 0, 0] and ks[3].reason == "probe"
         by_estimates = max(ks[3].candidates[1:5], key=lambda c: c.tokens_per_ms).k
@@ -741,7 +744,7 @@ def test_a_pinged_round_trip_counts_until_drafter_calls_are_measured():
     assert far.speculative_overhead_ms == pytest.approx(10.5) and near.speculative_overhead_ms == pytest.approx(0.5)
     probe = {}
     for name, cost in (("near", near), ("far", far)):
-        policy = DraftLengthPolicy(cost, AcceptanceEstimator(default=0.2), probe_every=1)
+        policy = AutoDraftLength(cost, AcceptanceEstimator(default=0.2), probing=ProbeRule(every=1))
         d = policy.next_k(8)
         assert d.reason == "probe"
         probe[name] = d.k

@@ -1,0 +1,123 @@
+"""The choice of k: the draft length with the most expected tokens per expected millisecond.
+
+For every k in 0..budget
+
+    E[tokens | k] = 1 + sum_{j=1..k} prod_{i<=j} a_i          (acceptance.py)
+    E[ms | k]     = the cost model's expected round time      (cost.py)
+
+and the choice is the k that maximises E[tokens | k] / E[ms | k] (ties: the smaller k). Maximising the
+ratio per round maximises long-run throughput (renewal-reward: each round is one renewal cycle whose
+reward is the tokens it emits and whose length is its wall time).
+
+A block's head may be prompt-lookup copies predicted by the gateway (``lookup_available`` tokens found
+by an ``lookup_ngram``-token match):
+
+- fetched from the drafter, they arrive as copies with the learned lookup yield y; otherwise the
+  drafter drafts those positions with its model: tokens and ms are the y-weighted mix of the two;
+- with ``local_lookup`` a block of k <= lookup_available is copied by the gateway itself, with
+  certainty and without a drafter call (``CostModel.copied_round_curve``).
+
+A block that calls a drafter which is behind pays the catch-up (``CostModel.catch_up_ms``) in
+proportion to the share of the request's ``remaining`` tokens it is expected to bring, since the
+drafter stays caught up for the rounds after (all of it when the rest is unknown).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from gateway.draft_length.acceptance import AcceptanceEstimator
+from gateway.draft_length.cost import CostModel
+
+
+def expected_tokens(acceptances: Sequence[float]) -> float:
+    """E[tokens emitted by a round] = 1 + sum_j prod_{i<=j} a_i (the recovered/bonus token included)."""
+    return expected_prefixes(acceptances)[-1]
+
+
+def expected_prefixes(acceptances: Sequence[float]) -> list[float]:
+    """[expected_tokens(acceptances[:j]) for j in 0..len(acceptances)] in one pass."""
+    out, total, run = [1.0], 1.0, 1.0
+    for a in acceptances:
+        run *= a
+        total += run
+        out.append(total)
+    return out
+
+
+class Candidate(NamedTuple):
+    """One k the choice weighed (a tuple: every k up to the budget is built every round)."""
+
+    k: int
+    expected_tokens: float
+    expected_ms: float
+    tokens_per_ms: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The k of one round, what it is expected to bring, every candidate weighed, and why it was chosen:
+    best (the choice), probe (probing.py), pinned (a fixed k), no-figures (no verify cost known yet: the
+    fallback k), no-budget (no room to draft: a plain step)."""
+
+    k: int
+    expected_tokens: float
+    expected_ms: float
+    tokens_per_ms: float
+    candidates: tuple[Candidate, ...] = ()
+    reason: str = "best"
+
+    def table(self) -> dict[int, float]:
+        """{k: expected tokens per ms} of every candidate."""
+        return {c.k: c.tokens_per_ms for c in self.candidates}
+
+
+def candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[int], lookup_available: int,
+               lookup_ngram: int = 0, local_lookup: bool = False, catch_up_ms: float = 0.0,
+               remaining: int = 0) -> tuple[Candidate, ...]:
+    """The expected tokens and ms of a block of each k in ``ks`` (the module docstring's rule)."""
+    lookup = max(0, int(lookup_available))
+    top = max(ks, default=0)
+    # model[:k] and lookup[:n] + model[:k - n] blocks' expected tokens, from running products (O(top) a round)
+    model = expected_prefixes(acceptance.model_acceptances(top))
+    a_lookup = acceptance.lookup_acceptance(lookup_ngram) if lookup else 0.0
+    copies = expected_prefixes([a_lookup] * min(lookup, top))
+    y = acceptance.lookup_yield() if lookup else 0.0
+    drafted = cost.round_curve(top)
+    with_copies = cost.round_curve(top, lookup) if lookup and y > 0 else drafted
+    copied_ms = cost.copied_round_curve(top) if local_lookup and lookup else None
+    out = []
+    for k in ks:
+        n_lookup = min(lookup, k)
+        tokens, ms = model[k], drafted[k]
+        if local_lookup and 0 < k <= lookup:        # the gateway copies the block itself
+            tokens, ms = copies[k], copied_ms[k]
+        else:
+            if n_lookup and y > 0:
+                # E[copies then model tokens] = E[copies] + P(all n copies accepted) * (E[model tokens] - 1)
+                tokens = y * (copies[n_lookup] + a_lookup ** n_lookup * (model[k - n_lookup] - 1.0)) + (1 - y) * tokens
+                ms = y * with_copies[k] + (1 - y) * ms
+            if k and catch_up_ms:
+                ms += catch_up_ms * (min(1.0, tokens / remaining) if remaining > 0 else 1.0)
+        ms = max(1e-9, ms)
+        out.append(Candidate(k, tokens, ms, tokens / ms))
+    return tuple(out)
+
+
+def choose_k(cost: CostModel, acceptance: AcceptanceEstimator, budget: int, lookup_available: int = 0,
+             lookup_ngram: int = 0, local_lookup: bool = False, catch_up_ms: float = 0.0,
+             remaining: int = 0) -> Decision:
+    """The k in 0..budget with the most expected tokens per ms (ties: the smaller k); the module docstring
+    says what ``lookup_available``, ``lookup_ngram``, ``local_lookup``, ``catch_up_ms`` and ``remaining``
+    change."""
+    budget = max(0, int(budget))
+    cands = candidates(cost, acceptance, range(budget + 1), lookup_available, lookup_ngram, local_lookup,
+                       catch_up_ms, remaining)
+    best = cands[0]
+    for c in cands[1:]:
+        if c.tokens_per_ms > best.tokens_per_ms * (1.0 + 1e-9):
+            best = c
+    return Decision(best.k, best.expected_tokens, best.expected_ms, best.tokens_per_ms, cands,
+                    "best" if budget > 0 else "no-budget")

@@ -1,0 +1,278 @@
+"""The cost model: the expected wall time of a round, per draft length, on one verifier + drafter pair.
+
+A round whose block has k draft tokens, the first n of them copied by prompt lookup, costs
+
+    E[ms | k] = t_draft(k, n) + t_verify(k) + overhead_speculative          (k > 0: the drafter is called)
+    E[ms | 0] = t_verify(0) + overhead_plain                                (a plain decoding step)
+
+and a block the gateway copies itself by prompt lookup (no drafter call) t_verify(k) + overhead_plain.
+
+- t_verify(w): the verifier's compute for a block of w draft tokens (one forward over w + 1 positions).
+  A decayed mean per observed width, seeded from the verifier's profile table; the curve over every
+  width is a monotone (isotonic) fit of the observed ones, linear between them, extrapolated with the
+  fit's least-squares slope (with one width known: ``default_slope``).
+- t_draft(k, n) = (k - n) * ms per model-drafted token + n * ms per lookup token (copies cost next to
+  nothing and are measured apart). A call that finds the drafter behind (a session new to it, or the
+  tokens of a plain streak, more than ``CATCH_UP_FREE``) first reads the unseen context:
+  ``catch_up_ms``, measured per token apart from the drafting.
+- overhead_plain: what a round spends outside the two models' compute on the gateway <-> verifier link
+  (network, serialization); overhead_speculative = overhead_plain + the drafter's round trip. Both are
+  decayed means of ``round_ms - draft_ms - verify_ms``; a speculative round whose Propose call was
+  timed also measures the plain part. Until a speculative round is measured, the drafter's round trip
+  is the one a ping measured (``seed_drafter_round_trip``).
+
+The draft cost, the verify cost and the drafter's round trip are kept apart (``draft_curve``,
+``verify_curve``, ``drafter_round_trip_ms``); ``round_curve`` adds them up. Unobserved figures default
+to 0 (optimism under uncertainty): a wrong guess is tried once, measured and corrected, whereas a
+pessimistic one would never be revisited.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gateway.draft_length.figures import RoundFigures
+
+CATCH_UP_FREE = 16      # context tokens a drafter call reads at no extra cost (those a drafting round brings)
+
+
+@dataclass
+class _Ewma:
+    """A bias-corrected exponentially weighted mean: the first observations average, later ones decay
+    with weight ``alpha``. A seed counts as ``seed_weight`` observations."""
+
+    alpha: float
+    mean: float = 0.0
+    n: float = 0.0          # observations so far (seed included)
+
+    def add(self, x: float) -> None:
+        self.n += 1.0
+        w = max(self.alpha, 1.0 / self.n)
+        self.mean += w * (x - self.mean)
+
+    def seed(self, x: float, weight: float = 1.0) -> None:
+        self.mean, self.n = float(x), float(weight)
+
+    @property
+    def known(self) -> bool:
+        return self.n > 0
+
+
+def _isotonic(points: Sequence[tuple[int, float, float]]) -> list[tuple[int, float]]:
+    """Pool-adjacent-violators: the weighted least-squares non-decreasing fit of (x, y, weight) sorted by x."""
+    if all(a[1] <= b[1] for a, b in zip(points, points[1:])):
+        return [(x, y) for x, y, _ in points]   # already monotone (the usual case): the fit is the points
+    blocks: list[list[float]] = []          # [sum w*y, sum w, first index, last index]
+    xs = [p[0] for p in points]
+    for i, (_, y, w) in enumerate(points):
+        blocks.append([w * y, w, i, i])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            top = blocks.pop()
+            blocks[-1][0] += top[0]
+            blocks[-1][1] += top[1]
+            blocks[-1][3] = top[3]
+    out: list[tuple[int, float]] = []
+    for swy, sw, lo, hi in blocks:
+        for i in range(lo, hi + 1):
+            out.append((xs[i], swy / sw))
+    return out
+
+
+class CostModel:
+    """Measured costs of one verifier + drafter pair, learned online with decayed means (module docstring)."""
+
+    def __init__(self, alpha: float = 0.15, default_slope: float = 0.25):
+        """``alpha``: weight of a new observation. ``default_slope``: with a single width measured,
+        verify ms is extrapolated as v(w) = v0 * (1 + default_slope * w)."""
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self.alpha = float(alpha)
+        self.default_slope = float(default_slope)
+        self._verify: dict[int, _Ewma] = {}
+        self._draft_per_token = _Ewma(alpha)
+        self._lookup_per_token = _Ewma(alpha)
+        self._catch_up_per_token = _Ewma(alpha)
+        self._plain_overhead = _Ewma(alpha)
+        self._spec_overhead = _Ewma(alpha)
+        self._pinged_round_trip = 0.0          # a ping of the drafter (GetInfo), until Propose calls are measured
+        self._fit: list[tuple[int, float]] | None = None
+        self._curve: list[float] = []          # verify ms per width 0.., read off the current fit
+        self.rounds_observed = 0
+
+    # ---- learning ---------------------------------------------------------------------------------
+    def seed(self, table: Mapping[int, float], weight: float = 1.0) -> None:
+        """Seeds verify ms per width from a profile table {width: ms} (the verifier's GetInfo). A seed
+        counts as ``weight`` observations: measurements take over."""
+        for w, ms in table.items():
+            if int(w) < 0 or not math.isfinite(float(ms)) or float(ms) < 0:
+                raise ValueError(f"bad profile entry {w}: {ms}")
+            self._verify.setdefault(int(w), _Ewma(self.alpha)).seed(float(ms), weight)
+        self._fit = None
+
+    def seed_draft(self, per_token_ms: float, weight: float = 1.0) -> None:
+        self._draft_per_token.seed(per_token_ms, weight)
+
+    def seed_overhead(self, plain_ms: float, speculative_ms: float | None = None, weight: float = 1.0) -> None:
+        """Seeds the overheads; ``speculative_ms`` defaults to ``plain_ms`` (drafter next door)."""
+        self._plain_overhead.seed(plain_ms, weight)
+        self._spec_overhead.seed(plain_ms if speculative_ms is None else speculative_ms, weight)
+
+    def seed_drafter_round_trip(self, ms: float) -> None:
+        """The drafter's round trip as a ping measured it: until rounds that call the drafter are measured,
+        a speculative round's overhead is the plain one plus this."""
+        if not math.isfinite(float(ms)) or float(ms) < 0:
+            raise ValueError(f"bad drafter round trip: {ms}")
+        self._pinged_round_trip = float(ms)
+
+    def observe(self, fig: RoundFigures) -> None:
+        """Learns from one round (not the prefill)."""
+        self.rounds_observed += 1
+        self._verify.setdefault(fig.width, _Ewma(self.alpha)).add(max(0.0, fig.verify_ms))
+        self._fit = None
+        if not fig.speculative:
+            self._plain_overhead.add(max(0.0, fig.round_ms - fig.verify_ms))
+            return
+        model, lookup = fig.model_tokens, fig.lookup_tokens
+        if model > 0:
+            lookup_ms = lookup * self._lookup_per_token.mean if self._lookup_per_token.known else 0.0
+            model_ms = max(0.0, fig.draft_ms - lookup_ms)
+            if fig.catch_up <= CATCH_UP_FREE:
+                self._draft_per_token.add(model_ms / model)
+            else:       # the drafter read the unseen context before drafting
+                self._catch_up_per_token.add(max(0.0, model_ms - model * self._draft_per_token.mean) / fig.catch_up)
+        elif lookup > 0:
+            self._lookup_per_token.add(max(0.0, fig.draft_ms) / lookup)
+        self._spec_overhead.add(max(0.0, fig.round_ms - fig.draft_ms - fig.verify_ms))
+        if fig.propose_wall_ms is not None:     # the plain part, measured apart from the drafter's link
+            self._plain_overhead.add(max(0.0, fig.round_ms - fig.propose_wall_ms - fig.verify_ms))
+
+    # ---- verify -----------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Whether any verify cost is known (seeded or measured): without one no choice is meaningful."""
+        return any(e.known for e in self._verify.values())
+
+    def _points(self) -> list[tuple[int, float]]:
+        if self._fit is None:
+            pts = sorted((w, e.mean, e.n) for w, e in self._verify.items() if e.known)
+            self._fit = _isotonic(pts) if pts else []
+            self._curve = []
+        return self._fit
+
+    def verify_ms(self, width: int) -> float:
+        """Verify ms of a block of ``width`` draft tokens: non-decreasing in width."""
+        if width < 0:
+            return self._read(range(width, width + 1))[0]
+        return self.verify_curve(width)[width]
+
+    def verify_curve(self, top: int) -> list[float]:
+        """``verify_ms(w)`` for w = 0..top, read off the current fit once (cached until the next observation:
+        the choice reads every width each round)."""
+        self._points()
+        if len(self._curve) <= top:
+            self._curve.extend(self._read(range(len(self._curve), top + 1)))
+        return self._curve
+
+    def _read(self, widths: range) -> list[float]:
+        """The fit read at increasing ``widths``: linear between measured widths; outside them, the
+        least-squares slope of the monotone fit (robust to one noisy end point, which a two-point slope
+        would amplify over many widths); with one width measured, ``default_slope``."""
+        pts = self._points()
+        if not pts:
+            return [0.0] * len(widths)
+        if len(pts) == 1:
+            (w0, v), = pts
+            base = v / (1.0 + self.default_slope * w0)
+            return [base * (1.0 + self.default_slope * w) for w in widths]
+        (x_first, y_first), (x_last, y_last) = pts[0], pts[-1]
+        slope, j, out = None, 0, []
+        for w in widths:
+            if x_first <= w <= x_last:
+                while pts[j + 1][0] < w:
+                    j += 1
+                (xa, ya), (xb, yb) = pts[j], pts[j + 1]
+                out.append(ya + (yb - ya) * (w - xa) / (xb - xa))
+                continue
+            if slope is None:
+                mx = sum(x for x, _ in pts) / len(pts)
+                my = sum(y for _, y in pts) / len(pts)
+                slope = max(0.0, sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
+            out.append(y_last + slope * (w - x_last) if w > x_last else max(0.0, y_first - slope * (x_first - w)))
+        return out
+
+    # ---- draft and overheads ----------------------------------------------------------------------
+    @property
+    def draft_ms_per_token(self) -> float:
+        return self._draft_per_token.mean
+
+    @property
+    def lookup_ms_per_token(self) -> float:
+        return self._lookup_per_token.mean
+
+    def draft_curve(self, top: int, lookup_tokens: int = 0) -> list[float]:
+        """The drafter's compute for a block of k = 0..top whose first ``lookup_tokens`` are lookup copies."""
+        per_model, per_lookup = self._draft_per_token.mean, self._lookup_per_token.mean
+        lookup = max(0, lookup_tokens)
+        out = [0.0]
+        for k in range(1, top + 1):             # k - n model tokens and n lookup copies
+            n = lookup if lookup < k else k
+            out.append((k - n) * per_model + n * per_lookup)
+        return out
+
+    def catch_up_ms(self, tokens: int) -> float:
+        """What the drafter spends reading ``tokens`` of context it has not seen before it drafts: 0 up to
+        ``CATCH_UP_FREE`` (a drafting round's own few, in ``draft_ms_per_token``), measured per token beyond."""
+        return self._catch_up_per_token.mean * tokens if tokens > CATCH_UP_FREE else 0.0
+
+    @property
+    def plain_overhead_ms(self) -> float:
+        return self._plain_overhead.mean
+
+    @property
+    def speculative_overhead_ms(self) -> float:
+        """Overhead of a round that calls the drafter; at least the plain one (it adds the drafter's round trip)."""
+        if not self._spec_overhead.known:
+            return self._plain_overhead.mean + self._pinged_round_trip
+        return max(self._spec_overhead.mean, self._plain_overhead.mean)
+
+    @property
+    def drafter_round_trip_ms(self) -> float:
+        return self.speculative_overhead_ms - self.plain_overhead_ms
+
+    # ---- rounds -----------------------------------------------------------------------------------
+    def round_curve(self, top: int, lookup_tokens: int = 0) -> list[float]:
+        """Expected wall ms of a round for k = 0..top (the first ``lookup_tokens`` of a block copied by the
+        drafter's lookup). k = 0 is a plain step: verify at width 0 and the plain overhead, no draft and
+        no drafter round trip."""
+        verify = self.verify_curve(top)
+        draft = self.draft_curve(top, lookup_tokens)
+        spec = self.speculative_overhead_ms
+        return [verify[0] + self._plain_overhead.mean] + [draft[k] + verify[k] + spec for k in range(1, top + 1)]
+
+    def expected_ms(self, k: int, lookup_tokens: int = 0) -> float:
+        k = max(0, k)
+        return self.round_curve(k, lookup_tokens)[k]
+
+    def local_lookup_ms(self, k: int) -> float:
+        return self.copied_round_curve(k)[k]
+
+    def copied_round_curve(self, top: int) -> list[float]:
+        """Expected wall ms of a round for k = 0..top whose block the gateway copies by prompt lookup itself:
+        no drafter call, so no draft time and no drafter round trip."""
+        plain = self._plain_overhead.mean
+        return [v + plain for v in self.verify_curve(top)[:top + 1]]
+
+    def table(self, max_width: int = 8) -> dict[str, float]:
+        """Plain figures for display and Prometheus gauges."""
+        out = {f"verify_ms_w{w}": round(self.verify_ms(w), 4) for w in range(max_width + 1)}
+        out.update(draft_ms_per_token=round(self.draft_ms_per_token, 4),
+                   lookup_ms_per_token=round(self.lookup_ms_per_token, 4),
+                   catch_up_ms_per_token=round(self._catch_up_per_token.mean, 4),
+                   plain_overhead_ms=round(self.plain_overhead_ms, 4),
+                   speculative_overhead_ms=round(self.speculative_overhead_ms, 4),
+                   drafter_round_trip_ms=round(self.drafter_round_trip_ms, 4),
+                   drafter_ping_ms=round(self._pinged_round_trip, 4),
+                   rounds_observed=float(self.rounds_observed))
+        return out
