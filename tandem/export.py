@@ -22,6 +22,10 @@ graph interface; the parity check below is what decides whether the result is us
 Beside ``model.onnx`` go ``drafter.json`` (metadata, format ``tandem-drafter/1``, read by
 ``drafter_service.onnx_drafter``) and the tokenizer files (``tokenizer.json`` ...).
 
+``kv_cache="shared"`` (``--kv-cache shared``) then rewrites the graph with ``tandem.export_shared_kv``:
+attention over KV buffers bound in place as both past and present, the head on the returned rows only
+(a drafted token copies no cache; the drafter service's cheaper layout, for head_dim a multiple of 16).
+
 torch and transformers are imported lazily so that ``tandem --help`` stays fast.
 """
 
@@ -66,6 +70,7 @@ class ExportReport:
     onnx_bytes: int
     export_s: float
     quantize: str | None = None
+    kv_cache: str = "concat"
     # max |logits_onnx - logits_torch| on a ~7-token prompt with empty past, and on 2 more tokens
     # fed with the KV of the first call; None when check=False.
     parity_no_past: float | None = None
@@ -260,6 +265,7 @@ def _eos_ids(model, tokenizer) -> list[int]:
 
 
 QUANTIZE_MODES = ("int8", "int4", "fp16")
+KV_CACHE_MODES = ("concat", "shared")
 INT4_BLOCK = 32          # MatMul weights: blocks of 32 inputs (as GGUF Q4_0/Q4_1)
 INT4_EMBED_BLOCK = 128   # the embedding table
 
@@ -317,20 +323,26 @@ def _slice_head(model, ids) -> None:
 
 
 def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool = True,
-                   quantize: str | None = None, exporter: str = "auto") -> ExportReport:
+                   quantize: str | None = None, exporter: str = "auto", kv_cache: str = "concat") -> ExportReport:
     """Exports ``model_spec`` ('default', a .gguf file or an HF directory) to ``out_dir/model.onnx``.
 
     Also writes ``out_dir/drafter.json`` and the tokenizer. With ``check`` the ONNX Runtime logits
     are compared with torch's (with and without past) and a difference > 1e-3 raises RuntimeError
     (for quantized models the difference is only reported). ``quantize`` is None, 'int8' (dynamic
     int8 weights) or 'fp16' (fp16 weights and compute, float32 inputs/outputs). ``exporter`` is
-    'auto' (dynamo, then TorchScript on failure), 'dynamo' or 'torchscript'.
+    'auto' (dynamo, then TorchScript on failure), 'dynamo' or 'torchscript'. ``kv_cache`` is 'concat' (the
+    graph above) or 'shared' (rewritten by tandem.export_shared_kv; with ``check``, its logits are compared
+    with the concat graph's on random prompts: within 1e-3 for fp32, reported for quantized models).
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if quantize not in (None, *QUANTIZE_MODES):
         raise ValueError(f"quantize must be None or one of {QUANTIZE_MODES}, got {quantize!r}")
     if exporter not in ("auto", "dynamo", "torchscript"):
         raise ValueError(f"exporter must be 'auto', 'dynamo' or 'torchscript', got {exporter!r}")
+    if kv_cache not in KV_CACHE_MODES:
+        raise ValueError(f"kv_cache must be one of {KV_CACHE_MODES}, got {kv_cache!r}")
+    if kv_cache == "shared" and quantize not in (None, "int8"):
+        raise ValueError(f"kv_cache='shared' takes fp32 or int8 weights, not {quantize!r}")
     import numpy as np
     import torch
 
@@ -430,6 +442,16 @@ def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool
     }
     meta_path = out / METADATA_FILE
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    if kv_cache == "shared":
+        from tandem.export_shared_kv import convert
+
+        rng = np.random.default_rng(0)
+        prompts = [rng.integers(0, target_vocab, 12).tolist() for _ in range(3)] if check else None
+        shared = convert(out, out, check_prompts=prompts, steps=4)
+        if shared.parity:
+            worst = max(shared.parity[p]["max_abs_logit_diff"] for p in ("prompt", "greedy_steps"))
+            notes.append(f"shared KV graph vs concat graph: max logits diff {worst:.3g}")
+        _log(f"rewrote {final} with KV buffers shared by past and present ({shared.nodes_after} nodes)")
     try:
         tokenizer.save_pretrained(str(out))
     except Exception as e:  # noqa: BLE001 - the tokenizer is a convenience, not needed by the drafter
@@ -438,6 +460,7 @@ def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool
     report = ExportReport(onnx_path=str(final), metadata_path=str(meta_path), exporter=used, opset=opset,
                           num_layers=num_layers, num_kv_heads=kv_heads, head_dim=head_dim,
                           vocab_size=vocab_size, onnx_bytes=onnx_bytes, export_s=export_s, quantize=quantize,
+                          kv_cache=kv_cache,
                           parity_no_past=d1, parity_with_past=d2,
                           parity_enforced=bool(check and not quantize), notes=notes)
     _log(f"wrote {final} ({onnx_bytes / 1e6:.0f} MB) and {meta_path} in {time.perf_counter() - t_start:.1f}s")
@@ -468,6 +491,11 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "int4 = block-wise 4-bit weights (MatMulNBits, blocks of 32; embedding blocks of 128; "
                              "about 1/6.5 of fp32), fp16 = half-precision weights with float32 inputs/outputs (for GPUs). Parity "
                              "of the quantized model is reported, not enforced")
+    parser.add_argument("--kv-cache", choices=list(KV_CACHE_MODES), default="concat",
+                        help="concat: present = concat(past, new) each run (the layout above); shared: attention over "
+                             "KV buffers the drafter binds as both past and present (GroupQueryAttention; no cache "
+                             "copy per drafted token, the head on the returned rows only; fp32 or int8, head_dim a "
+                             "multiple of 16). Default: %(default)s")
     parser.add_argument("--opset", type=int, default=None,
                         help="ONNX opset version (default: the exporter's default)")
     parser.add_argument("--exporter", choices=["auto", "dynamo", "torchscript"], default="auto",
@@ -482,7 +510,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = export_drafter(args.model, args.out, opset=getattr(args, "opset", None),
                                 check=getattr(args, "check", True), quantize=getattr(args, "quantize", None),
-                                exporter=getattr(args, "exporter", "auto"))
+                                exporter=getattr(args, "exporter", "auto"),
+                                kv_cache=getattr(args, "kv_cache", "concat"))
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"tandem export-drafter: error: {e}", file=sys.stderr)
         return 1

@@ -155,7 +155,90 @@ def test_cli_help_and_args():
 
     parser = configure(argparse.ArgumentParser(prog="tandem export-drafter"))
     text = parser.format_help()
-    for flag in ("--model", "--out", "--no-check", "--quantize"):
+    for flag in ("--model", "--out", "--no-check", "--quantize", "--kv-cache"):
         assert flag in text
     args = parser.parse_args(["--out", "x", "--no-check", "--quantize", "int8"])
     assert args.model == "default" and args.check is False and args.quantize == "int8"
+
+
+# ------------------------------------------------------------------ the shared-buffer graph (tandem.export_shared_kv)
+
+@pytest.fixture(scope="module")
+def hd16_exports(tmp_path_factory):
+    """(HF directory, fp32 classic export, int8 classic export) of a tiny Llama with head_dim 16."""
+    from tandem.export import export_drafter
+    from tiny_models import make_tiny_model
+
+    src = make_tiny_model(tmp_path_factory.mktemp("hd16_src"), seed=5, hidden=32, layers=2, heads=2, kv_heads=1)
+    fp32, int8 = tmp_path_factory.mktemp("hd16_fp32"), tmp_path_factory.mktemp("hd16_int8")
+    export_drafter(src, fp32, check=False)
+    export_drafter(src, int8, check=False, quantize="int8")
+    return src, fp32, int8
+
+
+def test_shared_kv_graph_interface_and_parity_with_torch(hd16_exports, tmp_path):
+    """Prompt, a chunk after it, a single step, a rollback (a shorter length, the buffer untouched) and the
+    last rows only: each equal to torch's logits for the same sequence."""
+    from tandem.export_shared_kv import SharedKVRunner, convert
+    from tandem.models import load_causal_lm
+
+    src, fp32, _ = hd16_exports
+    report = convert(fp32, tmp_path, check_prompts=[[1, 5, 9, 33, 2, 61, 17]], steps=3)
+    assert report.parity["prompt"]["max_abs_logit_diff"] <= TOL and report.parity["greedy_steps"]["positions"] == 3
+    meta = json.loads((tmp_path / "drafter.json").read_text())
+    assert meta["kv_cache"] == "shared" and meta["converted_from"]["sha256"].startswith("sha256:")
+    sess = _session(tmp_path / "model.onnx")
+    ins = {i.name: i for i in sess.get_inputs()}
+    assert list(ins) == ["input_ids", *[f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")],
+                         "seqlens_k", "total_sequence_length", "logits_to_keep"]
+    assert ins["seqlens_k"].type == "tensor(int32)" and ins["past_key_values.0.key"].shape[1:] == [1, "capacity", 16]
+    assert [o.name for o in sess.get_outputs()][0] == "logits"
+    assert sess.get_modelmeta().custom_metadata_map["max_positions"] == "256"
+
+    model, _, _ = load_causal_lm(src)
+
+    def torch_logits(ids):
+        with torch.no_grad():
+            return model(input_ids=torch.tensor([ids])).logits[0].numpy()
+
+    ids, more = [1, 5, 9, 33, 2, 61, 17], [40, 3]
+    full = torch_logits(ids + more + [11])
+    runner = SharedKVRunner(tmp_path / "model.onnx", capacity=32)
+    assert np.abs(runner.feed(ids, 7) - full[:7]).max() <= TOL
+    assert np.abs(runner.feed(more, 2) - full[7:9]).max() <= TOL
+    assert np.abs(runner.feed([11]) - full[9:]).max() <= TOL
+    runner.length = 7                                           # roll back to the prompt
+    assert np.abs(runner.feed([40, 4, 8], 1) - torch_logits(ids + [40, 4, 8])[-1:]).max() <= TOL
+
+
+def test_shared_kv_graph_keeps_the_int8_weights(hd16_exports, tmp_path):
+    """Every int8 weight of the classic graph is in the new one unchanged (q/k/v and gate/up side by side),
+    the embedding table too; the logits of a prompt fed in one run agree with the classic graph's."""
+    import onnx
+    from onnx import numpy_helper
+
+    from tandem.export_shared_kv import convert
+
+    _, _, int8 = hd16_exports
+    report = convert(int8, tmp_path, check_prompts=[[1, 5, 9, 33, 2, 61, 17, 8, 8, 30]], steps=4)
+    old = onnx.load(str(int8 / "model.onnx")).graph
+    new = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(tmp_path / "model.onnx")).graph.initializer}
+    old_init = {i.name: numpy_helper.to_array(i) for i in old.initializer}
+    weights = [old_init[n.input[1]] for n in old.node if n.op_type == "MatMulInteger" and n.input[1] in old_init]
+    assert len(weights) == 2 * 7 + 1
+
+    def found(w):
+        return any(a.dtype == w.dtype and a.ndim == 2 and a.shape[0] == w.shape[0] and
+                   any(np.array_equal(a[:, j:j + w.shape[1]], w) for j in range(0, a.shape[1] - w.shape[1] + 1, 16))
+                   for a in new.values())
+    assert all(found(w) for w in weights)
+    assert any(np.array_equal(a, old_init["lm.model.embed_tokens.weight_quantized"]) for a in new.values())
+    assert report.quantized and report.parity["prompt"]["top1_agreement"] == 1.0
+    assert report.parity["prompt"]["max_abs_logit_diff"] <= TOL
+
+
+def test_shared_kv_needs_head_dim_a_multiple_of_16(tiny_drafter_export, tmp_path):
+    from tandem.export_shared_kv import convert
+
+    with pytest.raises(ValueError, match="multiple of 16"):
+        convert(tiny_drafter_export[0], tmp_path)
