@@ -14,12 +14,18 @@ embedding still takes target ids). Without ``drafter.json`` the shapes are read 
 vocabulary hash is "" (so a gateway cannot check compatibility), no EOS ids are known and
 ``max_context`` is 0 (unknown: not enforced).
 
-Per session the drafter keeps numpy KV arrays with the token ids they hold. Each block crops the KV
-to the longest common prefix with the new context (the rollback to the accepted prefix), feeds the
-rest, then drafts k tokens one at a time. Long contexts are fed in runs of ``prefill_chunk`` tokens:
-attention over n new tokens in one run costs memory (and, in ORT's CPU kernels, time) quadratic in n;
-a 4 000-token prompt takes ~4-5 s and 3.3 GB in one run, ~0.6 s and 0.5 GB in 512-token runs on a
-2-core CPU. No torch here.
+A graph written by ``tandem.export_shared_kv`` (``"kv_cache": "shared"``; inputs ``input_ids``,
+``past_key_values.{i}.key/value``, ``seqlens_k``, ``total_sequence_length``, ``logits_to_keep``) keeps
+each session's KV in buffers bound in place as both past and present (drafter_service.kv_buffers): a
+drafted token copies no cache, a rollback only shortens the length, and a feed of n tokens computes the
+head for the rows it returns only. The classic graph returns a new concatenated KV on every run.
+
+Per session the drafter keeps the KV (numpy arrays, or the session's shared buffers) with the token ids
+it holds. Each block crops the KV to the longest common prefix with the new context (the rollback to the
+accepted prefix), feeds the rest, then drafts k tokens one at a time. Long contexts are fed in runs of
+``prefill_chunk`` tokens: attention over n new tokens in one run costs memory (and, in ORT's CPU
+kernels, time) quadratic in n; a 4 000-token prompt takes ~4-5 s and 3.3 GB in one run, ~0.6 s and
+0.5 GB in 512-token runs on a 2-core CPU. No torch here.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import numpy as np
 
 from drafter_service.drafter import DEFAULT_MAX_SESSIONS, ContextDrafter, Decide, DraftState
 from drafter_service.sampling import sample_index, top_probability, truncate_support, warp
+from drafter_service.kv_buffers import SHARED_KV_INPUTS, SharedKV, SharedKVGraph
 from tandem.sessions import SessionStore
 from tandem.types import DraftToken, ModelInfo, SamplingParams
 
@@ -59,14 +66,15 @@ class DrafterMetadata:
 
 
 class ModelState(DraftState):
-    """A session of the model drafter: its KV arrays, the ids they hold, and (after check_tokens) the
-    logits row predicting the token after ``kv_ids``."""
+    """A session of the model drafter: its KV (the graph's past values: 2 x layers numpy arrays, or one
+    ``SharedKV`` for a shared-buffer graph), the ids it holds, and (after check_tokens) the logits row
+    predicting the token after ``kv_ids``."""
 
     __slots__ = ("kv", "kv_ids", "next_logits")
 
-    def __init__(self, empty_kv: list[np.ndarray]):
+    def __init__(self, empty_kv: list):
         super().__init__()
-        self.kv: list[np.ndarray] = empty_kv
+        self.kv: list = empty_kv
         self.kv_ids: list[int] = []
         self.next_logits: np.ndarray | None = None
 
@@ -105,9 +113,26 @@ def _graph_metadata(session, onnx_path: Path) -> dict:
         raise ValueError(f"{onnx_path}: KV heads/head_dim are not static in the graph ({shape}); add {METADATA_FILE}")
     logits = {o.name: o for o in session.get_outputs()}["logits"].shape
     vocab = logits[-1] if isinstance(logits[-1], int) else None
+    positions = session.get_modelmeta().custom_metadata_map.get("max_positions")   # a shared-buffer graph's
     return {"model_name": onnx_path.parent.name or onnx_path.stem, "num_layers": layers, "num_kv_heads": kv_heads,
             "head_dim": head_dim, "vocab_size": vocab, "logits_size": vocab, "vocab_hash": "",
-            "eos_token_ids": [], "max_context": 0, "draft_vocab": None}
+            "eos_token_ids": [], "max_context": int(positions or 0), "draft_vocab": None}
+
+
+def _is_shared_kv(session) -> bool:
+    """Whether the graph keeps its KV in buffers shared by past and present (tandem.export_shared_kv)."""
+    return "seqlens_k" in {i.name for i in session.get_inputs()}
+
+
+def _shared_kv_graph(session, onnx_path: Path, past_names: list[str], kv_shape: tuple[int, int, int], dtype,
+                     max_context: int) -> SharedKVGraph:
+    logits = {o.name: o for o in session.get_outputs()}["logits"].shape
+    positions = int(session.get_modelmeta().custom_metadata_map.get("max_positions") or max_context)
+    if not isinstance(logits[-1], int) or positions <= 0:
+        raise ValueError(f"{onnx_path}: a shared-buffer graph needs a static logits width and its max_positions "
+                         f"(got logits {logits}, max_positions {positions}); rewrite it with tandem.export_shared_kv")
+    heads, dim, _ = kv_shape
+    return SharedKVGraph(session, tuple(past_names), heads, dim, dtype, int(logits[-1]), positions)
 
 
 def default_providers() -> list[str]:
@@ -161,6 +186,9 @@ class ModelDrafter(ContextDrafter):
                 raise
             log.warning("ONNX Runtime providers %s failed (%s); using CPU", wanted, exc)
             self.session = ort.InferenceSession(str(self.onnx_path), opts, providers=["CPUExecutionProvider"])
+        if _is_shared_kv(self.session) and not providers and self.session.get_providers()[0] != "CPUExecutionProvider":
+            # its fp32 GroupQueryAttention runs on the CPU provider only: no device copies for every token
+            self.session = ort.InferenceSession(str(self.onnx_path), opts, providers=["CPUExecutionProvider"])
         self.providers = self.session.get_providers()
 
         raw = json.loads(meta_path.read_text()) if meta_path.exists() else _graph_metadata(self.session, self.onnx_path)
@@ -173,15 +201,21 @@ class ModelDrafter(ContextDrafter):
         self._output_names = [o.name for o in self.session.get_outputs()]
         layers = int(raw["num_layers"])
         self._past_names = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-        missing = [n for n in ("input_ids", "attention_mask", "position_ids", *self._past_names)
-                   if n not in self._input_names]
+        shared = _is_shared_kv(self.session)
+        wanted_inputs = SHARED_KV_INPUTS if shared else ("input_ids", "attention_mask", "position_ids")
+        missing = [n for n in (*wanted_inputs, *self._past_names) if n not in self._input_names]
         if missing or self._output_names[0] != "logits":
             raise ValueError(f"{self.onnx_path}: not the decoder-with-past layout tandem expects "
                              f"(missing inputs {missing}, outputs {self._output_names[:3]}...)")
         self._present_names = ["logits"] + [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-        self._kv_dtype = np.float16 if "float16" in self.session.get_inputs()[3].type else np.float32
+        past_type = {i.name: i.type for i in self.session.get_inputs()}[self._past_names[0]]
+        self._kv_dtype = np.float16 if "float16" in past_type else np.float32
         self._kv_shape = (int(raw["num_kv_heads"]), int(raw["head_dim"]), layers)
         self.prefill_chunk = max(0, int(prefill_chunk or 0))
+        self._shared: SharedKVGraph | None = None
+        if shared:
+            self._shared = _shared_kv_graph(self.session, self.onnx_path, self._past_names, self._kv_shape,
+                                            self._kv_dtype, int(raw.get("max_context") or 0))
 
         draft_vocab = None
         if raw.get("draft_vocab"):
@@ -271,7 +305,7 @@ class ModelDrafter(ContextDrafter):
         kept = int(decide(top_ids, top_probs))
         if kept < len(tokens):                  # roll the KV back to context + the kept tokens
             end = len(context) + kept
-            state.kv = [np.ascontiguousarray(x[:, :, :end]) for x in state.kv]
+            state.kv = self._crop(state.kv, end)
             state.kv_ids = fed[:end]
         state.next_logits = rows[kept]
         return kept
@@ -284,41 +318,59 @@ class ModelDrafter(ContextDrafter):
         the draft), feeds the rest. Returns the logits rows of the last ``rows`` positions."""
         limit = len(ids) - 1 if rollback_to is None else rollback_to
         common = _common_prefix(state.kv_ids, ids, min(len(state.kv_ids), limit))
-        if common < state.kv[0].shape[2]:
-            past = [np.ascontiguousarray(x[:, :, :common]) for x in state.kv]
-        else:
-            past = state.kv
+        past = self._crop(state.kv, common) if common < self._kv_length(state.kv) else state.kv
         out, state.kv = self._feed(ids[common:], past, rows)
         state.kv_ids = list(ids)
         state.next_logits = None
         return out
 
-    def _feed(self, ids: list[int], past: list[np.ndarray], rows: int = 1) -> tuple[np.ndarray, list[np.ndarray]]:
+    def _feed(self, ids: list[int], past: list, rows: int = 1) -> tuple[np.ndarray, list]:
         """Feeds ``ids`` after ``past`` in runs of at most ``prefill_chunk`` tokens. Returns (the logits rows of
         the last ``rows`` positions [rows, logits_size] — one row for a graph returning the last position's
-        logits only —, the KV after them)."""
+        logits only —, the KV after them). Only runs holding wanted rows ask the graph for logits rows."""
         n = len(ids)
         chunk = self.prefill_chunk or n
         wanted_from = n - rows
         parts: list[np.ndarray] = []
         for start in range(0, n, chunk):
             end = min(n, start + chunk)
-            outs = self._run(ids[start:end], past)
+            wanted = end - max(start, wanted_from)          # rows of this run that are returned
+            outs = self._run(ids[start:end], past, keep=max(1, wanted))
             past = outs[1:]
-            if end > wanted_from:
+            if wanted > 0:
                 out = outs[0][0]
-                if out.shape[0] == end - start:
-                    parts.append(out[max(0, wanted_from - start):])
+                if out.shape[0] >= wanted:
+                    parts.append(out[out.shape[0] - wanted:])
                 else:                           # last-position logits only
                     parts = [out[-1:]]
-        return (parts[0] if len(parts) == 1 else np.concatenate(parts)), past
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if self._shared is not None and n - start == 1:
+            out = out.copy()                    # not the session's step buffer, which its next step overwrites
+        return out, past
 
-    def _empty_kv(self) -> list[np.ndarray]:
+    def _empty_kv(self) -> list:
+        if self._shared is not None:
+            return [SharedKV(self._shared)]
         heads, dim, layers = self._kv_shape
         return [np.zeros((1, heads, 0, dim), self._kv_dtype) for _ in range(2 * layers)]
 
-    def _run(self, ids, past: list[np.ndarray]) -> list[np.ndarray]:
-        """One ORT run: feeds ``ids`` after ``past``; returns [logits, present...]."""
+    def _kv_length(self, kv: list) -> int:
+        """How many tokens ``kv`` holds."""
+        return kv[0].length if self._shared is not None else kv[0].shape[2]
+
+    def _crop(self, kv: list, length: int) -> list:
+        """``kv`` holding its first ``length`` tokens only (in place for shared buffers, a copy otherwise)."""
+        if self._shared is not None:
+            kv[0].crop(length)
+            return kv
+        return [np.ascontiguousarray(x[:, :, :length]) for x in kv]
+
+    def _run(self, ids, past: list, keep: int = 1) -> list:
+        """One ORT run: feeds ``ids`` after ``past``; returns [logits [1, rows, logits_size], the KV after it...].
+        A shared-buffer graph returns the last ``keep`` rows (the KV is ``past``, advanced in place; a one-token
+        step's logits are the session's step buffer, valid until its next run), the classic graph every row."""
+        if self._shared is not None:
+            return [past[0].run(ids, keep), past[0]]
         p = past[0].shape[2]
         s = len(ids)
         feed = {"input_ids": np.asarray(ids, dtype=np.int64).reshape(1, s),

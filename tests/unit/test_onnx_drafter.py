@@ -288,3 +288,88 @@ def test_checked_lookup_reports_the_model_distribution_where_it_drops(tiny_draft
             np.testing.assert_allclose(first_model.support_probs, ref.support_probs, rtol=1e-5)
             checked_rows += 1
     assert checked_rows >= 10
+
+
+# ------------------------------------------------------------------ the shared-buffer graph (tandem.export_shared_kv)
+
+@pytest.fixture(scope="module")
+def kv_layouts(tmp_path_factory):
+    """(HF directory, classic graph, shared-buffer graph) of one tiny drafter (head_dim 16, as
+    GroupQueryAttention needs; 600 positions)."""
+    from tandem.export import export_drafter
+    from tiny_models import make_tiny_model
+
+    src = make_tiny_model(tmp_path_factory.mktemp("hd16"), seed=4, hidden=32, layers=2, heads=2, kv_heads=1,
+                          max_positions=600)
+    classic, shared = tmp_path_factory.mktemp("hd16_classic"), tmp_path_factory.mktemp("hd16_shared")
+    export_drafter(src, classic, check=True)
+    export_drafter(src, shared, check=True, kv_cache="shared")
+    return src, classic, shared
+
+
+def _round_trip(drafter, rng_seed: int, sessions: int = 6, rounds: int = 10):
+    """Rounds as the gateway drives them (random acceptance, bonus tokens, an occasional rollback or fresh
+    context, greedy and sampled blocks); every proposal's tokens and q."""
+    rng = np.random.default_rng(rng_seed)
+    out = []
+    for s in range(sessions):
+        context = rng.integers(3, 64, size=int(rng.integers(4, 300))).tolist()
+        appended, known = context, 0
+        for r in range(rounds):
+            sampling = SAMPLED if r % 3 == 2 else SamplingParams()
+            p = drafter.propose(f"s{s}", known, appended, int(rng.integers(1, 7)), sampling)
+            out.append([(t.token_id, t.support_ids, t.support_probs) for t in p.tokens])
+            accepted = int(rng.integers(0, len(p.tokens) + 1))
+            known = len(context)
+            if r % 4 == 3:                          # the gateway resends from an earlier prefix
+                known = int(rng.integers(1, len(context)))
+                context = context[:known]
+            appended = p.token_ids[:accepted] + [int(rng.integers(3, 64))] + rng.integers(3, 64, size=int(rng.integers(0, 40))).tolist()
+            context = context + appended
+    return out
+
+
+@pytest.mark.parametrize("lookup", [{}, dict(lookup_max_ngram=3, lookup_min_ngram=1, lookup_trust_ngram=4,
+                                             lookup_check_confidence=0.0)])
+def test_shared_kv_graph_proposes_what_the_classic_graph_proposes(kv_layouts, lookup):
+    """The same rounds on both graphs of one model: the same greedy and sampled tokens, q equal to float
+    rounding; contexts past 256 tokens grow the buffers, prefill in runs of 64 tokens, checked lookup rolls back."""
+    classic, shared = (OnnxDrafter(d, threads=1, support_size=16, prefill_chunk=64, **lookup) for d in kv_layouts[1:])
+    assert shared.inner._shared is not None and classic.inner._shared is None
+    a, b = _round_trip(classic, 11), _round_trip(shared, 11)
+    assert len(a) == len(b) == 60
+    for block_a, block_b in zip(a, b):
+        assert [t[0] for t in block_a] == [t[0] for t in block_b]
+        for (_, ids_a, q_a), (_, ids_b, q_b) in zip(block_a, block_b):
+            assert ids_a == ids_b
+            np.testing.assert_allclose(q_a, q_b, atol=1e-5)
+
+
+def test_shared_kv_graph_equals_torch_greedy_and_rolls_back(kv_layouts):
+    src, _, shared = kv_layouts
+    drafter = OnnxDrafter(shared, threads=1)
+    p = drafter.propose("s", 0, PROMPT, 6)
+    assert p.token_ids == torch_greedy(src, PROMPT, 6)
+    context = PROMPT + p.token_ids[:2] + [9]              # 2 drafts accepted + a correction
+    assert drafter.propose("s", len(PROMPT), p.token_ids[:2] + [9], 4).token_ids == torch_greedy(src, context, 4)
+    # back to the first 5 tokens and a different continuation: as a fresh session
+    assert drafter.propose("s", 5, [50, 51, 52], 5).token_ids == drafter.propose("f", 0, PROMPT[:5] + [50, 51, 52], 5).token_ids
+
+
+def test_shared_kv_buffers_grow_and_are_counted(kv_layouts):
+    """kv_bytes counts the buffers' capacity: rows in steps of 256, doubling; a rollback keeps them, an
+    evicted session frees them."""
+    from drafter_service.kv_buffers import CAPACITY_STEP
+
+    drafter = OnnxDrafter(kv_layouts[2], threads=1)
+    row_bytes = 2 * 2 * 1 * 16 * 4                  # layers x (key + value) x KV heads x head_dim x float32
+    drafter.propose("a", 0, PROMPT, 3)
+    assert drafter.kv_bytes() == CAPACITY_STEP * row_bytes
+    long_context = PROMPT + list(range(3, 63)) * 5  # 308 tokens
+    drafter.propose("a", len(PROMPT), long_context[len(PROMPT):], 3)
+    assert drafter.kv_bytes() == 2 * CAPACITY_STEP * row_bytes
+    assert drafter.propose("a", 4, [7], 2).token_ids == drafter.propose("b", 0, PROMPT[:4] + [7], 2).token_ids
+    assert drafter.kv_bytes() == (2 * CAPACITY_STEP + CAPACITY_STEP) * row_bytes
+    import time
+    drafter.evict_idle(time.monotonic() + 10_000)
+    assert drafter.kv_bytes() == 0

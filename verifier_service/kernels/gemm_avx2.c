@@ -2,7 +2,9 @@
 
    Each 32-weight chunk of a weight row is rebuilt as four 8-wide registers (elements 0-7, 8-15, 16-23,
    24-31) with exactly the arithmetic of quants.h (gguf-py's): integers widened to int32, converted, then
-   scaled and offset as the block's formula says. Each is multiplied into its own accumulator per row of x
+   scaled and offset as the block's formula says. Where the formula is a product then a sum, (d * q) + m or
+   (d * sc) * q - dmin * m, one FMA computes it with the same result: the product is exact in fp32 (d has
+   11 significant bits, sc 6, q at most 5, so at most 22 bits), so rounding it first changes nothing. Each is multiplied into its own accumulator per row of x
    with an FMA, so lane l of accumulator k sums chunk element 8k + l in chunk order; the row's result is
    the sum of the four accumulators ((a0 + a1) + (a2 + a3)) reduced 8 -> 4 -> 2 -> 1.
 
@@ -80,7 +82,7 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
         case TQ_Q4_1: {                                   /* (d * q) + m */
             const __m256 vd = _mm256_set1_ps(half(blk)), vm = _mm256_set1_ps(half(blk + 2));
             const uint8_t *qs = blk + offsetof(block_q4_1, qs);
-            for (int k = 0; k < 4; k++) w[k] = _mm256_add_ps(_mm256_mul_ps(vd, f32(nibbles(qs, k))), vm);
+            for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(vd, f32(nibbles(qs, k)), vm);   /* d * q exact */
             FMA_ROWS(w, b * 32);
             break;
         }
@@ -100,7 +102,7 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
             const uint32_t qh = tq_u32(blk + offsetof(block_q5_1, qh));
             const uint8_t *qs = blk + offsetof(block_q5_1, qs);
             for (int k = 0; k < 4; k++)
-                w[k] = _mm256_add_ps(_mm256_mul_ps(vd, f32(_mm256_or_si256(nibbles(qs, k), fifth_bits(qh, k)))), vm);
+                w[k] = _mm256_fmadd_ps(vd, f32(_mm256_or_si256(nibbles(qs, k), fifth_bits(qh, k))), vm);
             FMA_ROWS(w, b * 32);
             break;
         }
@@ -128,7 +130,7 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
                     if (five_bit)
                         v = _mm256_or_si256(v, _mm256_slli_epi32(
                             _mm256_and_si256(_mm256_srli_epi32(u8x8(qh + 8 * k), j), _mm256_set1_epi32(1)), 4));
-                    w[k] = _mm256_sub_ps(_mm256_mul_ps(vdsc, f32(v)), vdm);
+                    w[k] = _mm256_fmsub_ps(vdsc, f32(v), vdm);          /* (d * sc) * q exact */
                 }
                 FMA_ROWS(w, b * QK_K + j * 32);
             }
