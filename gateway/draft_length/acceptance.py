@@ -176,10 +176,6 @@ class AcceptanceEstimator:
         self._memo = (key, out)
         return list(out)
 
-    def model_acceptance(self, i: int) -> float:
-        """a_{i+1}: the i-th (0-based) model-drafted token of a block."""
-        return self.model_acceptances(i + 1)[i]
-
     def lookup_acceptance(self, ngram: int = 0) -> float:
         """Conditional acceptance of a lookup token; ``ngram`` > 0: of one found by a match of that length
         (its own evidence, shrunk toward the prior's figure for that length; without a prior, toward this

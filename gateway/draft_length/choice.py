@@ -69,10 +69,6 @@ class Decision:
     candidates: tuple[Candidate, ...] = ()
     reason: str = "best"
 
-    def table(self) -> dict[int, float]:
-        """{k: expected tokens per ms} of every candidate."""
-        return {c.k: c.tokens_per_ms for c in self.candidates}
-
 
 def candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[int], lookup_available: int,
                lookup_ngram: int = 0, local_lookup: bool = False, catch_up_ms: float = 0.0,

@@ -111,14 +111,6 @@ class CostModel:
             self._verify.setdefault(int(w), _Ewma(self.alpha)).seed(float(ms), weight)
         self._fit = None
 
-    def seed_draft(self, per_token_ms: float, weight: float = 1.0) -> None:
-        self._draft_per_token.seed(per_token_ms, weight)
-
-    def seed_overhead(self, plain_ms: float, speculative_ms: float | None = None, weight: float = 1.0) -> None:
-        """Seeds the overheads; ``speculative_ms`` defaults to ``plain_ms`` (drafter next door)."""
-        self._plain_overhead.seed(plain_ms, weight)
-        self._spec_overhead.seed(plain_ms if speculative_ms is None else speculative_ms, weight)
-
     def seed_drafter_round_trip(self, ms: float) -> None:
         """The drafter's round trip as a ping measured it: until rounds that call the drafter are measured,
         a speculative round's overhead is the plain one plus this."""
@@ -250,13 +242,6 @@ class CostModel:
         draft = self.draft_curve(top, lookup_tokens)
         spec = self.speculative_overhead_ms
         return [verify[0] + self._plain_overhead.mean] + [draft[k] + verify[k] + spec for k in range(1, top + 1)]
-
-    def expected_ms(self, k: int, lookup_tokens: int = 0) -> float:
-        k = max(0, k)
-        return self.round_curve(k, lookup_tokens)[k]
-
-    def local_lookup_ms(self, k: int) -> float:
-        return self.copied_round_curve(k)[k]
 
     def copied_round_curve(self, top: int) -> list[float]:
         """Expected wall ms of a round for k = 0..top whose block the gateway copies by prompt lookup itself:

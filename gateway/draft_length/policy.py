@@ -155,11 +155,6 @@ class AutoDraftLength(_Learning):
         self.fallback_k = fallback_k                # drafted while no verify cost is known at all
         self._prober = Prober(probing, schedule if schedule is not None else ProbeSchedule())
         self._held = _HeldPlainChoice(plain_hold_max, relax)
-        self.last: Decision | None = None
-
-    @property
-    def interval(self) -> int:
-        return self._prober.interval
 
     def next_k(self, budget: int, lookup_available: int = 0, lookup_ngram: int = 0, local_lookup: bool = False,
                behind: int = 0, remaining: int = 0) -> Decision:
@@ -171,8 +166,7 @@ class AutoDraftLength(_Learning):
         room = _Room(budget, self._lookup_predicted, self._lookup_ngram, local_lookup)
         held = self._held.next_round(room, catch_up)
         d = held if held is not None and not self._prober.due() else self._weigh(room, catch_up, remaining)
-        self.last = self._prober.step(d, budget, self._lookup_predicted if local_lookup else 0, self.acceptance)
-        return self.last
+        return self._prober.step(d, budget, self._lookup_predicted if local_lookup else 0, self.acceptance)
 
     def _weigh(self, room: _Room, catch_up: float, remaining: int) -> Decision:
         d = choose_k(self.cost, self.acceptance, min(room.budget, self.max_draft_length), room.lookup, room.ngram,
