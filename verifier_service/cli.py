@@ -19,13 +19,15 @@ def configure(p) -> None:
     flag(p, "session-ttl", 600.0, float, help="seconds after which an idle session's KV cache is freed")
     flag(p, "max-sessions", 256, int, help="most sessions held at once")
     flag(p, "max-block", 32, int, help="longest draft block a session may send (a session may ask for less)")
-    flag(p, "gemm", "auto", help="the target's linear layers on CPU: 'auto' measures at start and keeps the fastest "
-         "of oneDNN (packed fp32 weights), MKL and, for a Q4_1/Q8_0 GGUF target on an AVX-512 CPU, 'gguf' (the file's "
-         "blocks read as stored, the same weights in 1/5 of the bytes; built with the system's C compiler); or name "
-         "one: 'gguf', 'onednn', 'mkl' (plain transformers)")
-    flag(p, "decoder", "auto", help="the target's forward on CPU fp32: 'static' (Tandem's Llama-family decoder: "
-         "static KV cache, merged q/k/v and gate/up GEMMs, no per-call overhead), 'transformers' (the model's own "
-         "forward), or 'auto' (static where the model is Llama-shaped and --gemm is not 'mkl')")
+    flag(p, "gemm", "auto", help="fp32 linear layers on CPU (a Hugging Face target, or GGUF block types without a C "
+         "kernel here): 'auto' measures at start and keeps the faster of oneDNN (packed weights) and MKL; or name "
+         "one: 'onednn', 'mkl' (with a Hugging Face target: plain transformers). A GGUF target's blocks always run "
+         "on the C kernels, read from the file as stored ('gguf' is accepted for it)")
+    flag(p, "decoder", "auto", help="the target's forward on CPU fp32: 'static' (Tandem's decoder: a GGUF file of "
+         "llama/mistral/qwen2/qwen3/gemma3 read straight from the file, or a Llama-family Hugging Face model; static "
+         "KV cache, no per-call overhead; an error where it cannot run), 'transformers' (the model's own forward, "
+         "a GGUF file dequantized to fp32), or 'auto' (static where it runs, else transformers: the start-up line "
+         "says why)")
     flag(p, "exact-rows", "on", help="'on': every row of a verified block is computed as a plain step would "
          "(bit-identical logits, so greedy speculative output equals plain decoding exactly); 'off' saves ~3 ms at "
          "block width 8")
@@ -78,10 +80,8 @@ async def run(args) -> int:
                          max_sessions=args.max_sessions, max_block=args.max_block, gemm=args.gemm,
                          prefill_chunk=args.prefill_chunk, warmup=not args.no_warmup, decoder=args.decoder,
                          rowwise_attention=None if args.exact_rows == "on" else False)
-    print(f"[tandem] verifier: {'static decoder' if target.decoder else 'transformers forward'}, GEMMs "
-          f"{target.gemm} ({target.gemm_note}), attention {target.attention}; ms per forward width "
-          + ", ".join(f"{w}: {ms:.1f}" for w, ms in sorted(target.cost_table().items()))
-          + f" (set-up {target.setup_s:.1f} s, warm-up {target.warmup_s:.1f} s)", file=sys.stderr, flush=True)
+    print(f"[tandem] verifier: {target.startup_line()}; ms per forward width "
+          + ", ".join(f"{w}: {ms:.1f}" for w, ms in sorted(target.cost_table().items())), file=sys.stderr, flush=True)
     tracing = telemetry.setup("tandem-verifier")        # after the warm-up forwards: nobody's trace
     service = await start_verifier(target, args.host, args.port, interceptors=tracing.server_interceptors())
     return await serve_until_stopped(service, f"verifier ({target.info.model_name})", args, tracing)

@@ -31,8 +31,9 @@ import torch
 
 from verifier_service import weights as W
 from verifier_service.architecture import DecoderSpec, UnsupportedModel, from_gguf
-from verifier_service.decoder import DecoderWeights, LayerWeights
+from verifier_service.decoder import Decoder, DecoderWeights, LayerWeights
 from verifier_service.gguf_file import GgufFile
+from verifier_service.ops import backend
 
 # Chat templates for files whose metadata has none (the model family's published format).
 FALLBACK_CHAT_TEMPLATES = {
@@ -120,6 +121,15 @@ class GgufModel:
                 layer.post_ffn_norm = self._vector(p + "post_ffw_norm.weight")
             layers.append(layer)
         return DecoderWeights(embed, layers, self._vector("output_norm.weight"), head)
+
+    def decoder(self, *, exact_rows: bool = True, gemm: str = "auto", widths=range(1, 10),
+                native_ops: bool = True) -> Decoder:
+        """The decoder over this file's weights: C kernels where they build here (``native_ops``), else torch
+        ops. ``gemm``: the kernels of weights kept dense (``Decoder``)."""
+        if self.spec is None:
+            raise UnsupportedModel(self.unsupported)
+        return Decoder(self.spec, self.load_weights(), backend(native_ops), exact_rows=exact_rows, gemm=gemm,
+                       widths=widths)
 
     # ---- tokenizer and special tokens ----------------------------------------------------------------
     def tokenizer(self):

@@ -9,13 +9,16 @@ Public API (used by the servicer and by in-process tests):
   target.cost_table()                    -> {block width: ms}, measured by warmup() at start-up
   target.warmup(widths)                  runs (and times) forwards at each block width
 
-The fast path (the default on CPU fp32 for Llama-family targets): ``verifier_service.static_decoder``,
-the model's own weights run without transformers' per-call machinery, with a static KV cache (rollback =
-move the length back), q/k/v and gate/up as one GEMM each, the GEMM kernel chosen per width by
-measurement at start-up (``verifier_service.fast_linear``: oneDNN on pre-packed weights, or MKL), and
-verify-block rows attending row by row, so each row of a verify block is bit-identical to a plain step.
-Other models on CPU fp32 keep transformers' forward with the same GEMMs and row-wise attention
-(``verifier_service.forward``); ``gemm="mkl"`` (without ``decoder="static"``) is plain transformers.
+The fast path (a GGUF file of an architecture in ``verifier_service.architecture``, on CPU): the file is
+read once into the decoder's layout (``gguf_model``: block weights stay in the file's memory map, read by
+the C kernels; no fp32 copy), and ``verifier_service.decoder`` runs the layer math over an op backend with a
+static KV cache (rollback = move the length back); verify-block rows attend row by row, so each row of a
+verify block is bit-identical to a plain step. A Hugging Face directory of a Llama-family model runs the
+same decoder over the model's fp32 weights (``static_decoder``; GEMMs on oneDNN's packed weights or MKL,
+chosen per width by measurement: ``fast_linear``). Anything else (another architecture, a GPU, another
+dtype) keeps transformers' forward with the same GEMMs and row-wise attention (``verifier_service.forward``);
+``gemm="mkl"`` (without ``decoder="static"``) is plain transformers. ``startup_line()`` says which path
+serves and why, and how long each loading phase took.
 Prefill runs in chunks of ``prefill_chunk`` tokens, releasing the forward lock (a FIFO lock) between
 chunks, and stops at the next chunk once ``cancelled()``.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -37,6 +41,7 @@ from tandem.sessions import SessionStore, check_session_id
 from tandem.types import DraftToken, ModelInfo, SamplingParams, VerifyOutcome
 from tandem.vocab import tokenizer_vocab_hash
 from verifier_service import fast_linear, static_decoder, torch_thread
+from verifier_service.decoder import Decoder
 from verifier_service.acceptance import accept_greedy, accept_random
 from verifier_service.kv_cache import TargetSession
 from verifier_service.warping import warp
@@ -45,6 +50,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_WIDTHS = tuple(range(1, 10))     # block widths served: k + 1 for k = 0..8
 DEFAULT_PREFILL_CHUNK = 256
+GGUF = "gguf"                            # gemm: the GGUF file's blocks (what the fast path always runs)
 
 
 class PrefillCancelled(RuntimeError):
@@ -96,27 +102,64 @@ class Target:
     def __init__(self, model, tokenizer, name: str, *, session_ttl_s: float = 600.0, max_sessions: int = 256,
                  gemm: str = "auto", widths: Iterable[int] | None = None, warmup: bool = True,
                  prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, rowwise_attention: bool | None = None,
-                 max_block: int = 32, decoder: str = "auto", gguf_path: str | None = None):
-        """``gemm``: "auto" (measure MKL and oneDNN per width at start-up, keep the faster), "onednn", or
-        "mkl" (plain transformers). ``widths``: the block widths to measure and warm (default 1..9).
-        ``warmup``: run and time forwards at each width now (fills ``cost_table()``). ``prefill_chunk``:
-        tokens per prefill forward (None/0: the whole prompt at once). ``rowwise_attention``: small blocks
-        attend row by row like plain steps (default: on when every width uses oneDNN). ``max_block``: the
-        longest draft block any session may send (a session may set a shorter one at start). ``decoder``:
-        "static" (``static_decoder``; an error if the model is not Llama-shaped CPU fp32), "transformers"
-        (the model's own forward), or "auto" (static where it can run and ``gemm`` is not "mkl").
-        ``gguf_path``: the GGUF file the model was loaded from (``load`` passes it): with the static decoder,
-        ``gemm`` "gguf" (or "auto", when it measures faster) reads its blocks instead of fp32 weights."""
-        self.model = model
+                 max_block: int = 32, decoder: str = "auto", fallback_reason: str = "",
+                 phases: dict[str, float] | None = None):
+        """``model``: a ``gguf_model.GgufModel`` (the GGUF fast path: the decoder on the file's blocks) or a
+        transformers model. ``gemm`` (fp32 weights only): "auto" (measure MKL and oneDNN per width at
+        start-up, keep the faster), "onednn", or "mkl" (plain transformers); "gguf" is accepted for a GGUF
+        target (its blocks are always what runs). ``widths``: the block widths to measure and warm (default
+        1..9). ``warmup``: run and time forwards at each width now (fills ``cost_table()``).
+        ``prefill_chunk``: tokens per prefill forward (None/0: the whole prompt at once).
+        ``rowwise_attention``: small blocks attend row by row like plain steps (default: on when every width
+        uses oneDNN). ``max_block``: the longest draft block any session may send (a session may set a
+        shorter one at start). ``decoder``: "static" (``decoder``: an error if it cannot run the model),
+        "transformers" (the model's own forward), or "auto" (static where it can run and ``gemm`` is not
+        "mkl"). ``fallback_reason``: why a GGUF file is served by transformers (the start-up line says it).
+        ``phases``: loading phases already timed ({name: s}; ``load`` passes reading and the tokenizer)."""
+        from verifier_service.gguf_model import GgufModel
+
+        if decoder not in ("auto", "static", "transformers"):
+            raise ValueError(f"decoder must be 'auto', 'static' or 'transformers', not {decoder!r}")
+        self.gguf = model if isinstance(model, GgufModel) else None
+        self._model = None if self.gguf is not None else model
         self.tokenizer = tokenizer
-        self.device = model_device(model)
-        config = model.config
-        eos = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
-        eos_ids = tuple(sorted({int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None}))
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.phases = dict(phases or {})
+        self.gemm_choice: fast_linear.GemmChoice | None = None
+        self.decoder: Decoder | None = None
+        self.widths = tuple(sorted({int(w) for w in (widths or DEFAULT_WIDTHS)}))
+        exact_rows = rowwise_attention is not False
+        t_setup = time.perf_counter()
+        if self.gguf is not None:
+            if decoder == "transformers":
+                raise ValueError("decoder='transformers' needs a transformers model (Target.load does it)")
+            self.device = torch.device("cpu")
+            self.decoder = self.gguf.decoder(exact_rows=exact_rows, gemm="auto" if gemm == GGUF else gemm,
+                                             widths=self.widths)
+            self.vocab_size = self.decoder.spec.vocab
+            eos_ids = self.gguf.eos_token_ids(tokenizer)
+            max_context = self.decoder.spec.context
+            self.path = (f"GGUF fast path: {self.gguf.describe()}, ISA {getattr(self.decoder.ops, 'isa', 'torch')}, "
+                         f"{self.decoder.spec.describe()}")
+        else:
+            self.device = model_device(model)
+            config = model.config
+            eos = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
+            eos_ids = tuple(sorted({int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])
+                                    if e is not None}))
+            self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+            max_context = int(getattr(config, "max_position_embeddings", 2048))
+            if gemm == GGUF:
+                raise ValueError("gemm='gguf' runs a GGUF file's blocks: load the target from its .gguf file")
+            why_not = static_decoder.unsupported_reason(model)
+            if decoder == "static" and why_not:
+                raise ValueError(f"decoder='static' cannot run {name}: {why_not}; use decoder='transformers'")
+            if decoder == "static" or (decoder == "auto" and not why_not and gemm != fast_linear.MKL):
+                self.decoder = static_decoder.StaticDecoder(model, gemm=gemm, widths=self.widths, exact_rows=exact_rows)
+            dtype = model.get_output_embeddings().weight.dtype
+            self.path = (f"{'decoder' if self.decoder else 'transformers'} on {self.device.type} {str(dtype)[6:]}"
+                         f" weights: {fallback_reason or why_not or 'a Hugging Face model'}")
         self.info = ModelInfo(model_name=name, vocab_size=self.vocab_size,
-                              vocab_hash=tokenizer_vocab_hash(tokenizer),
-                              max_context=int(getattr(config, "max_position_embeddings", 2048)),
+                              vocab_hash=tokenizer_vocab_hash(tokenizer), max_context=max_context,
                               eos_token_ids=eos_ids)
         self.sessions: SessionStore[TargetSession] = SessionStore(session_ttl_s, max_sessions=max_sessions,
                                                                  what="verifier session",
@@ -126,25 +169,11 @@ class Target:
         self._forward_lock = FairLock()
         self.prefill_chunk = int(prefill_chunk or 0)
         self.max_block = int(max_block)
-        self.widths = tuple(sorted({int(w) for w in (widths or DEFAULT_WIDTHS)}))
-        self.gemm_choice: fast_linear.GemmChoice | None = None
-        t_setup = time.perf_counter()
-        self.decoder: static_decoder.StaticDecoder | None = None
-        if decoder not in ("auto", "static", "transformers"):
-            raise ValueError(f"decoder must be 'auto', 'static' or 'transformers', not {decoder!r}")
-        why_not = static_decoder.unsupported_reason(model)
-        if decoder == "static" and why_not:
-            raise ValueError(f"decoder='static' cannot run {name}: {why_not}; use decoder='transformers'")
-        if gemm == static_decoder.GGUF and (decoder == "transformers" or why_not):
-            raise ValueError(f"gemm='gguf' runs in the static decoder only ({why_not or 'decoder=transformers'})")
-        if decoder == "static" or (decoder == "auto" and not why_not and gemm != fast_linear.MKL):
-            self.decoder = static_decoder.StaticDecoder(model, gemm=gemm, widths=self.widths,
-                                                        exact_rows=rowwise_attention is not False,
-                                                        gguf_path=gguf_path)
+        if self.decoder is not None:
             d = self.decoder
             self.gemm, self.gemm_note, self.gemm_choice = d.gemm, d.gemm_note, d.gemm_choice
-            self.attention = "static, rows exact" if self.decoder.exact_rows else "static, rows batched"
-            log.info("%s", self.decoder.describe())
+            self.attention = "static, rows exact" if d.exact_rows else "static, rows batched"
+            log.info("%s", d.describe())
         else:
             self.gemm, self.gemm_note = self._setup_gemm(gemm)
             if decoder == "auto" and why_not and gemm != fast_linear.MKL:
@@ -157,19 +186,37 @@ class Target:
             self.attention = use_rowwise_attention(model, bool(rowwise_attention))
         self._cost_table: dict[int, float] = {}
         self.setup_s = time.perf_counter() - t_setup       # packing + GEMM measurement (+ merging weights)
+        self.phases["packing"] = self.setup_s
         t_warm = time.perf_counter()
         if warmup:
             self.warmup()
         self.warmup_s = time.perf_counter() - t_warm
+        if warmup:
+            self.phases["measuring widths"] = self.warmup_s
+
+    @property
+    def model(self):
+        """The transformers model: the one served, or for a GGUF fast-path target the reference (transformers'
+        own load of the same file, made on first use: a full fp32 copy, for checks, never for serving)."""
+        if self._model is None:
+            from tandem.models import load_causal_lm
+
+            self._model = load_causal_lm(str(self.gguf.path))[0]
+        return self._model
+
+    def startup_line(self) -> str:
+        """What runs the target and why, and how long each loading phase took."""
+        phases = ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items())
+        return f"{self.path}; GEMMs {self.gemm} ({self.gemm_note}), attention {self.attention} ({phases})"
 
     def _setup_gemm(self, gemm: str) -> tuple[str, str]:
         """Installs the GEMM path on transformers' modules; returns (mode in use, why)."""
         if gemm not in fast_linear.GEMM_MODES:
             raise ValueError(f"gemm must be one of {fast_linear.GEMM_MODES}, not {gemm!r}")
-        weight = self.model.get_output_embeddings().weight
+        weight = self._model.get_output_embeddings().weight
         if gemm != fast_linear.MKL and (self.device.type != "cpu" or weight.dtype != torch.float32):
             return fast_linear.MKL, f"the fast path is for CPU fp32 ({self.device.type}, {weight.dtype})"
-        mode, note, self.gemm_choice = fast_linear.configure(self.model, gemm, self.widths)
+        mode, note, self.gemm_choice = fast_linear.configure(self._model, gemm, self.widths)
         return mode, note
 
     def cost_table(self) -> dict[int, float]:
@@ -186,7 +233,6 @@ class Target:
         ids = [(7 * i + 3) % self.vocab_size for i in range(context + widths[-1])]
         session = TargetSession("__warmup__", self._new_cache(), 0, -1, SamplingParams(), torch.Generator())
         self._forward(session, ids[:context], last_only=True)
-        session.length = context
         samples: dict[int, list[float]] = {w: [] for w in widths}
         for _ in range(max(1, repeats)):
             for w in widths:
@@ -206,7 +252,7 @@ class Target:
             return self.decoder.new_cache()
         from transformers import DynamicCache
 
-        return DynamicCache(config=self.model.config)
+        return DynamicCache(config=self._model.config)
 
     @classmethod
     def load(cls, spec: str | None = "default", *, dtype: str = "float32", device: str = "cpu", **kw) -> "Target":
@@ -215,12 +261,37 @@ class Target:
 
     @classmethod
     def _load_now(cls, spec, dtype, device, kw) -> "Target":
-        from tandem.models import load_causal_lm
+        """A GGUF file the decoder runs on this device and dtype: the fast path (the file's blocks, no fp32
+        copy); anything else: transformers' load, with the reason on the start-up line."""
+        from tandem.models import load_causal_lm, resolve, resolve_device
+        from verifier_service.gguf_model import GgufModel
 
+        loc = resolve(spec)
+        reason = ""
+        if loc.gguf_file:
+            t0 = time.perf_counter()
+            gguf = GgufModel(loc.directory / loc.gguf_file)
+            read_s = time.perf_counter() - t0
+            device_name = resolve_device(device)
+            if kw.get("decoder") == "transformers":
+                reason = "decoder='transformers' asked for"
+            elif device_name != "cpu" or dtype != "float32":
+                reason = f"the GGUF fast path is for CPU float32 (asked: {device_name} {dtype})"
+            elif gguf.unsupported:
+                reason = f"{gguf.unsupported}, not on the GGUF fast path"
+            if not reason:
+                print(f"[tandem] loading {loc.name} from {gguf.path} (GGUF fast path) ...", file=sys.stderr, flush=True)
+                t0 = time.perf_counter()
+                tokenizer = gguf.tokenizer()
+                phases = {"reading the file": read_s, "tokenizer": time.perf_counter() - t0}
+                return cls(gguf, tokenizer, loc.name, phases=phases, **kw)
+            if kw.get("decoder") == "static":
+                raise ValueError(f"decoder='static' cannot run {loc.name}: {reason}")
+            gguf.file.close()
+        t0 = time.perf_counter()
         model, tokenizer, loc = load_causal_lm(spec, dtype=dtype, device=device)
-        if loc.gguf_file and "gguf_path" not in kw:
-            kw = {**kw, "gguf_path": str(loc.directory / loc.gguf_file)}
-        return cls(model, tokenizer, loc.name, **kw)
+        return cls(model, tokenizer, loc.name, fallback_reason=reason,
+                   phases={"transformers load": time.perf_counter() - t0}, **kw)
 
     # ---- the model call ------------------------------------------------------------------------
     def _forward(self, session: TargetSession, input_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
@@ -233,7 +304,7 @@ class Target:
         if self.decoder is not None:
             return self.decoder.forward(session.cache, input_ids, last_only)                     # [n or 1, V]
         ids = torch.tensor([list(input_ids)], dtype=torch.long, device=self.device)        # [1, n]
-        out = self.model(input_ids=ids, cache=session.cache, use_cache=True, logits_to_keep=1 if last_only else 0)
+        out = self._model(input_ids=ids, cache=session.cache, use_cache=True, logits_to_keep=1 if last_only else 0)
         return out.logits[0].float()                                                     # [n, V]
 
     def _choose(self, session: TargetSession, logits: torch.Tensor, draft: Sequence[DraftToken]):
@@ -283,7 +354,6 @@ class Target:
                     raise PrefillCancelled(f"session {session_id!r}: cancelled during prefill "
                                            f"({begin} of {len(prompt_ids)} prompt tokens done)")
                 logits = self._forward(session, prompt_ids[begin:begin + chunk], last_only=True)   # [1, V]
-        session.length = len(prompt_ids)
         session.pending_token = self._choose(session, logits, []).next_token
         self.sessions.add(session_id, session, owner)
         return session.pending_token, (time.perf_counter() - t0) * 1e3
@@ -296,16 +366,21 @@ class Target:
         check_draft(draft, self.vocab_size, not session.sampling.greedy, session.max_block)
         with session.lock:
             k = len(draft)
-            if session.length + k + 1 > self.info.max_context:
+            base = session.length
+            if base + k + 1 > self.info.max_context:
                 raise ValueError(f"session {session_id!r} would exceed the target's context of "
                                  f"{self.info.max_context} tokens")
-            with telemetry.span("target.forward", {"tandem.tokens": k + 1, "tandem.cached_tokens": session.length}):
-                logits = self._forward(session, [session.pending_token] + [t.token_id for t in draft])  # [k+1, V]
-            with telemetry.span("acceptance", {"tandem.k": k, "tandem.greedy": session.sampling.greedy}) as span:
-                result = self._choose(session, logits, draft)
-                span.set_attribute("tandem.accepted", result.accepted)
-            # Cache now holds length + k + 1 tokens; keep pending + the accepted drafts.
-            session.rollback(session.length + 1 + result.accepted)
+            keep = base                                   # on any failure: the cache as it was
+            try:
+                with telemetry.span("target.forward", {"tandem.tokens": k + 1, "tandem.cached_tokens": base}):
+                    logits = self._forward(session, [session.pending_token] + [t.token_id for t in draft])  # [k+1, V]
+                session.in_flight = k + 1                 # the block's rows: not the session's length yet
+                with telemetry.span("acceptance", {"tandem.k": k, "tandem.greedy": session.sampling.greedy}) as span:
+                    result = self._choose(session, logits, draft)
+                    span.set_attribute("tandem.accepted", result.accepted)
+                keep = base + 1 + result.accepted         # pending + the accepted drafts
+            finally:
+                session.rollback(keep)                    # the one place the cache moves back
             session.pending_token = result.next_token
         return VerifyOutcome(result.accepted, result.next_token, result.bonus, (time.perf_counter() - t0) * 1e3)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tandem.types import DraftToken, SamplingParams
-from verifier_service import fast_linear, static_decoder
+from verifier_service import fast_linear, kv_cache, static_decoder
 from verifier_service.kv_cache import TargetSession
 from verifier_service.target import PrefillCancelled, Target
 
@@ -150,7 +150,7 @@ def test_rollback_after_partial_accept(fast_path):
 def test_static_cache_grows_past_its_capacity_and_prefill_chunks_agree(tiny_target_dir, eager, monkeypatch):
     """A cache that starts at 4 positions grows while a 100-token prompt is prefilled in chunks of 40 (masked
     block forwards after cached positions) and decoded; the tokens are the eager model's."""
-    monkeypatch.setattr(static_decoder, "CACHE_STEP", 4)
+    monkeypatch.setattr(kv_cache, "CACHE_STEP", 4)
     target = Target.load(str(tiny_target_dir), gemm="onednn", widths=(1, 2), prefill_chunk=40, warmup=False)
     cache = target.decoder.new_cache()
     assert cache.capacity == 4
