@@ -53,7 +53,7 @@ async def run(args) -> int:
     from tandem.serving import serve_until_stopped
 
     tracing = telemetry.setup("tandem-gateway")
-    config = GatewayConfig(draft_length=args.draft_length, auto_max_draft_length=args.max_draft_length,
+    config = GatewayConfig(draft_length=args.draft_length, max_draft_length=args.max_draft_length,
                            draft_confidence=args.draft_confidence,
                            max_tokens_limit=args.max_tokens_limit,
                            no_speculation=args.no_speculation,

@@ -67,9 +67,9 @@ UNSEEDED_SAMPLING = ("coupled", "rejection")
 @dataclass
 class GatewayConfig:
     draft_length: int = 0                 # 0: auto (chosen every round from measured costs); N: always N
-    auto_max_draft_length: int = 8        # the longest block auto drafts
+    max_draft_length: int = 8             # --max-draft-length: the longest block auto drafts
     draft_confidence: float = 0.0         # adaptive draft length: the drafter stops below this top probability
-    max_draft_length: int = 32            # the longest block a request may pin
+    max_pinned_draft_length: int = 32     # the longest block a request may pin (its draft_length)
     max_tokens_limit: int = 4096
     no_speculation: bool = False          # gateway-wide default
     drafter_retry_s: float = 1.0          # first wait before probing a failed drafter again (then doubling)
@@ -276,8 +276,8 @@ class Gateway:
         if self.config.max_prompt_tokens and len(prompt_ids) > self.config.max_prompt_tokens:
             raise InvalidInput(f"the prompt has {len(prompt_ids)} tokens, more than the gateway's --max-prompt-tokens "
                                f"({self.config.max_prompt_tokens})", param="prompt")
-        if not 0 <= params.draft_length <= self.config.max_draft_length:
-            raise InvalidInput(f"draft_length must be between 0 (auto) and {self.config.max_draft_length}",
+        if not 0 <= params.draft_length <= self.config.max_pinned_draft_length:
+            raise InvalidInput(f"draft_length must be between 0 (auto) and {self.config.max_pinned_draft_length}",
                                param="draft_length")
         if params.draft_confidence is not None and not 0.0 <= params.draft_confidence < 1.0:
             raise InvalidInput(f"draft_confidence must be in [0, 1), got {params.draft_confidence}",
@@ -301,7 +301,7 @@ class Gateway:
         acceptance = AcceptanceEstimator(prior=self.acceptance[sampling.greedy])
         if pinned:
             return PinnedDraftLength(self.cost, acceptance, pinned)
-        return AutoDraftLength(self.cost, acceptance, max_draft_length=self.config.auto_max_draft_length,
+        return AutoDraftLength(self.cost, acceptance, max_draft_length=self.config.max_draft_length,
                                probing=ProbeRule(budget=self.config.probe_budget),
                                schedule=self.probe_schedules[sampling.greedy])
 
@@ -321,7 +321,7 @@ class Gateway:
         also when the client goes away (the generator is closed / cancelled)."""
         prompt_ids = await self.tokenize(params)
         pinned = self.validate(params, prompt_ids)          # 0: auto
-        k = pinned or self.config.auto_max_draft_length     # the most a round may draft
+        k = pinned or self.config.max_draft_length          # the most a round may draft
         speculate = not (params.no_speculation or self.config.no_speculation)
         drafter = await self.usable_drafter() if speculate else None
         stats.prompt_tokens = len(prompt_ids)

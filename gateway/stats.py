@@ -1,8 +1,11 @@
 """Per-request statistics, accumulated round by round.
 
-mean acceptance length τ = tokens emitted per target forward after the prefill
-= 1 + accepted / rounds (vLLM's "mean acceptance length", Spec-Bench's "mean accepted tokens";
-1.00 for plain decoding). acceptance rate = accepted / proposed.
+mean acceptance length τ = 1 + accepted / rounds: every round after the prefill counts, plain rounds
+(k = 0: no draft, one token) included, so it is 1.00 for plain decoding and the tokens per target
+forward when no round is cut short (by EOS or max_tokens). That is Spec-Bench's "mean accepted tokens".
+vLLM's "mean acceptance length" is 1 + accepted / drafts: it counts only the rounds that verified a
+draft, so where the automatic draft length mixes plain rounds in, vLLM's figure is higher than τ (the
+two agree when every round drafts). acceptance rate = accepted / proposed (drafted tokens only).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class RequestStats:
 
     @property
     def mean_acceptance_length(self) -> float:
+        """1 + accepted / rounds, plain rounds included (the module docstring: not vLLM's per-draft figure)."""
         return 1.0 + self.accepted / self.rounds if self.rounds else 1.0
 
     @property
