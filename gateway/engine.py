@@ -1,23 +1,19 @@
 """One request from prompt to text: tokenize, validate, check the drafter, run the rounds, free sessions.
 
 Domain only: the gRPC client-facing servicer (``gateway.api``) converts protobuf to a
-``GenerateParams`` and a stream of ``Step`` back. Errors are ``tandem.errors`` (one table maps them to
-gRPC and HTTP statuses). Nothing heavy runs on the event loop that serves every client: a prompt is
-refused above --max-request-bytes before any work, and templated and tokenized on worker threads.
+``GenerateParams`` and a stream of ``Step`` back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import math
 import secrets
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gateway import tracing
@@ -30,9 +26,16 @@ from gateway.rounds import Request, generate_rounds
 from gateway.stats import RequestStats
 from tandem import telemetry
 from tandem.draft_checks import check_ids
-from tandem.errors import IncompatibleDrafter, InvalidInput, Overloaded  # noqa: F401 - raised here, re-exported
 from tandem.round_record import Round
 from tandem.types import ModelInfo, SamplingParams, TargetInfo
+
+
+class IncompatibleDrafter(Exception):
+    """Drafter and target do not share a vocabulary: speculation is refused."""
+
+
+class Overloaded(Exception):
+    """The gateway already serves --max-concurrent-requests requests: refused at once, never queued."""
 
 
 @dataclass(frozen=True)
@@ -57,13 +60,6 @@ class Step:
     text: str
 
 
-# How a sampled request without a seed is verified (a seeded one is always coupled, tandem.coupling):
-#   coupled    the gateway draws a secret seed for the request and gives it to both nodes: the text is the
-#              target's own sample whatever the drafter sends (a drafter can only cost speed);
-#   rejection  rejection sampling with random generators: exact only if the drafter reports its true q.
-UNSEEDED_SAMPLING = ("coupled", "rejection")
-
-
 @dataclass
 class GatewayConfig:
     draft_length: int = 0                 # 0: auto (chosen every round from measured costs); N: always N
@@ -76,16 +72,9 @@ class GatewayConfig:
     drafter_retry_max_s: float = 15.0     # longest wait between probes of a failed drafter
     max_concurrent_requests: int = 64     # more at once are refused (RESOURCE_EXHAUSTED); 0: no limit
     local_lookup: bool = True             # blocks prompt lookup supplies whole are copied here (gateway.rounds)
-    draft_ahead: bool = True              # the drafter drafts the next block while the verifier checks this one
     probe_budget: float = 0.005           # auto: worst-case share of plain throughput spent probing a losing drafter
-    max_prompt_tokens: int = 0            # longest prompt in tokens (0: the target's context less one)
-    max_request_bytes: int = 2 << 20      # longest request: prompt text (checked before tokenizing), gRPC message
-    unseeded_sampling: str = "coupled"    # a sampled request without a seed: UNSEEDED_SAMPLING
 
     def __post_init__(self):
-        if self.unseeded_sampling not in UNSEEDED_SAMPLING:
-            raise ValueError(f"--unseeded-sampling must be one of {', '.join(UNSEEDED_SAMPLING)}, "
-                             f"got {self.unseeded_sampling!r}")
         if not 0.0 <= self.probe_budget < 1.0:
             raise ValueError(f"--probe-budget must be in [0, 1) (a share of plain throughput), got {self.probe_budget}")
 
@@ -110,8 +99,6 @@ class Gateway:
         self.config = config
         self.target: ModelInfo = target_info.model
         self.tokenizer = build_tokenizer(target_info)
-        # chat templating and tokenizing of prompts (seconds for a long one), off the event loop
-        self.tokenizing = ThreadPoolExecutor(2, thread_name_prefix="tandem-tokenize")
         self._skip_ids = skipped_ids(self.tokenizer)     # what decode(skip_special_tokens=True) drops
         # What the draft-length choice learns (gateway.draft_length): costs of this verifier + drafter pair,
         # seeded from the verifier's start-up profile; acceptance gateway-wide, greedy and sampled apart.
@@ -155,12 +142,12 @@ class Gateway:
             except DrafterUnavailable as exc:
                 self.mark_drafter_down(str(exc))
                 return None
-            if not info.model_free and info.vocab_hash != self.target.vocab_hash:    # model-free: any target
+            if info.vocab_hash != self.target.vocab_hash:
                 raise IncompatibleDrafter(
                     f"the drafter ({info.model_name}, vocab {info.vocab_size}, {info.vocab_hash[:19]}…) does not "
                     f"share the target's vocabulary ({self.target.model_name}, vocab {self.target.vocab_size}, "
-                    f"{self.target.vocab_hash[:19]}…): export a drafter with the target's tokenizer, serve the "
-                    "model-free drafter (tandem serve-drafter --drafter suffix), or use --no-speculation")
+                    f"{self.target.vocab_hash[:19]}…): export a drafter with the target's tokenizer, or use "
+                    "--no-speculation")
             self._drafter_info = info
             await self._ping_drafter()
         self._drafter_down_since = None
@@ -211,7 +198,7 @@ class Gateway:
                 self.drafter_down_reason = f"drafter probe failed: {exc!r}"
                 delay = min(delay * 2, self.config.drafter_retry_max_s)
                 continue
-            self._drafter_info = info if info.model_free or info.vocab_hash == self.target.vocab_hash else None
+            self._drafter_info = info if info.vocab_hash == self.target.vocab_hash else None
             self._drafter_down_since = None
             self.drafter_down_reason = ""
 
@@ -228,72 +215,37 @@ class Gateway:
         return self._drafter_info.model_name if self._drafter_info else ""
 
     # ---- a request ---------------------------------------------------------------------------
-    def check_request_size(self, text: str, param: str = "prompt") -> None:
-        """Refuses text longer than --max-request-bytes before any work is done on it (a character is at least
-        a byte: no encoding needed for the check)."""
-        limit = self.config.max_request_bytes
-        if limit and len(text) > limit:
-            raise InvalidInput(f"the {param} has {len(text)} characters, more than the gateway's --max-request-bytes "
-                               f"({limit}): send a shorter one, or raise the limit", param=param)
-
-    async def off_loop(self, fn, *args):
-        """``fn(*args)`` on a tokenizing thread (the event loop goes on serving every other client meanwhile)."""
-        return await asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, *args)
-
-    async def tokenize(self, params: GenerateParams) -> list[int]:
-        """The request's prompt ids: as given, or its text templated and tokenized off the event loop, after
-        the size check."""
-        if params.prompt_ids:
-            return list(params.prompt_ids)
-        self.check_request_size(params.prompt)
-        return await self.off_loop(self.prompt_ids, params)
-
     def prompt_ids(self, params: GenerateParams) -> list[int]:
-        """Tokenizes (blocking: ``tokenize`` runs this on a worker thread)."""
         if params.prompt_ids:
             return list(params.prompt_ids)
         if not params.prompt.strip():
-            raise InvalidInput("the prompt is empty", param="prompt")
+            raise ValueError("the prompt is empty")
         if params.chat:
             if not self.tokenizer.chat_template:
-                raise InvalidInput("the target has no chat template; send the prompt without --chat", param="chat")
+                raise ValueError("the target has no chat template; send the prompt without --chat")
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": params.prompt}],
                                                       add_generation_prompt=True, tokenize=False)
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(params.prompt)["input_ids"]
 
     def validate(self, params: GenerateParams, prompt_ids: list[int]) -> int:
-        """Checks the request (InvalidInput naming the field); returns the pinned draft length (0: auto)."""
+        """Checks the request; returns the pinned draft length (0: auto)."""
         limit = self.config.max_tokens_limit
         if not 1 <= params.max_tokens <= limit:
-            raise InvalidInput(f"max_tokens must be between 1 and {limit}, got {params.max_tokens}", param="max_tokens")
+            raise ValueError(f"max_tokens must be between 1 and {limit}, got {params.max_tokens}")
         params.sampling.validate()
         if not prompt_ids:
-            raise InvalidInput("the prompt is empty", param="prompt")
+            raise ValueError("the prompt is empty")
         if len(prompt_ids) >= self.target.max_context:
-            raise InvalidInput(f"the prompt has {len(prompt_ids)} tokens, longer than the target's context of "
-                               f"{self.target.max_context} tokens", param="prompt")
-        if self.config.max_prompt_tokens and len(prompt_ids) > self.config.max_prompt_tokens:
-            raise InvalidInput(f"the prompt has {len(prompt_ids)} tokens, more than the gateway's --max-prompt-tokens "
-                               f"({self.config.max_prompt_tokens})", param="prompt")
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens, longer than the target's context of "
+                             f"{self.target.max_context} tokens")
         if not 0 <= params.draft_length <= self.config.max_pinned_draft_length:
-            raise InvalidInput(f"draft_length must be between 0 (auto) and {self.config.max_pinned_draft_length}",
-                               param="draft_length")
+            raise ValueError(f"draft_length must be between 0 (auto) and {self.config.max_pinned_draft_length}")
         if params.draft_confidence is not None and not 0.0 <= params.draft_confidence < 1.0:
-            raise InvalidInput(f"draft_confidence must be in [0, 1), got {params.draft_confidence}",
-                               param="draft_confidence")
+            raise ValueError(f"draft_confidence must be in [0, 1), got {params.draft_confidence}")
         if self.target.vocab_size:
-            try:
-                check_ids(prompt_ids, self.target.vocab_size, "prompt_ids")
-            except ValueError as exc:
-                raise InvalidInput(str(exc), param="prompt") from None
+            check_ids(prompt_ids, self.target.vocab_size, "prompt_ids")
         return params.draft_length or self.config.draft_length
-
-    def drafting_context(self) -> int:
-        """The longest sequence a round drafts after: the target's context, or the drafter's if shorter (it
-        refuses a longer one)."""
-        theirs = self._drafter_info.max_context if self._drafter_info else 0
-        return min(self.target.max_context, theirs) if theirs > 0 else self.target.max_context
 
     def draft_length_policy(self, pinned: int, sampling: SamplingParams) -> DraftLengthPolicy:
         """The request's draft-length choice: ``pinned`` k > 0 always drafts k; 0 chooses every round from the
@@ -305,13 +257,6 @@ class Gateway:
                                probing=ProbeRule(budget=self.config.probe_budget),
                                schedule=self.probe_schedules[sampling.greedy])
 
-    def session_sampling(self, sampling: SamplingParams) -> SamplingParams:
-        """What both nodes are given: the request's settings, with a secret seed (never reported) for a sampled
-        request without one when unseeded requests are coupled (``GatewayConfig.unseeded_sampling``)."""
-        if sampling.greedy or sampling.seed is not None or self.config.unseeded_sampling != "coupled":
-            return sampling
-        return dataclasses.replace(sampling, seed=secrets.randbits(64))
-
     def draft_confidence(self, params: GenerateParams) -> float:
         """The confidence stop of a request: its own value, else the gateway's default."""
         return self.config.draft_confidence if params.draft_confidence is None else float(params.draft_confidence)
@@ -319,7 +264,7 @@ class Gateway:
     async def generate(self, params: GenerateParams, stats: RequestStats) -> AsyncIterator[Step]:
         """Runs one request; yields a Step per round (the prefill first). Frees both sessions at the end,
         also when the client goes away (the generator is closed / cancelled)."""
-        prompt_ids = await self.tokenize(params)
+        prompt_ids = self.prompt_ids(params)
         pinned = self.validate(params, prompt_ids)          # 0: auto
         k = pinned or self.config.max_draft_length          # the most a round may draft
         speculate = not (params.no_speculation or self.config.no_speculation)
@@ -337,25 +282,22 @@ class Gateway:
                           drafter_token=secrets.token_hex(16), vocab_size=self.target.vocab_size,
                           prompt_ids=tuple(prompt_ids),
                           max_tokens=min(params.max_tokens, self.target.max_context - len(prompt_ids)),
-                          sampling=self.session_sampling(params.sampling), k=k if drafter is not None else 0,
+                          sampling=params.sampling, k=k if drafter is not None else 0,
                           min_confidence=self.draft_confidence(params),
                           eos_token_ids=frozenset() if params.ignore_eos else frozenset(self.target.eos_token_ids),
-                          max_context=self.drafting_context(), trace_context=telemetry.context_with(span),
+                          max_context=self.target.max_context, trace_context=telemetry.context_with(span),
                           lookup=self._drafter_info.lookup if drafter is not None and self._drafter_info else None,
-                          local_lookup=self.config.local_lookup, draft_ahead=self.config.draft_ahead,
-                          drafter_timeout_s=getattr(drafter, "timeout_s", 15.0))
+                          local_lookup=self.config.local_lookup)
         generated: list[int] = []
         detokenizer = IncrementalDetokenizer(self.tokenizer, skip_ids=self._skip_ids)   # new text only, each round
         self.metrics.active_sessions.inc()
-        rounds = None
         try:
             policy = self.draft_length_policy(pinned, params.sampling) if drafter is not None else None
-            rounds = generate_rounds(request, self.verifier, drafter, policy)
-            async for rnd in rounds:
+            async for rnd in generate_rounds(request, self.verifier, drafter, policy):
                 stats.add(rnd)
                 self.metrics.round(rnd, stats)
-                if rnd.fallback_reason and request.session_id not in getattr(drafter, "refused", ()):
-                    self.mark_drafter_down(rnd.fallback_reason)     # not for one session the drafter had no room for
+                if rnd.fallback_reason:
+                    self.mark_drafter_down(rnd.fallback_reason)
                 generated.extend(rnd.tokens)
                 yield Step(rnd, rnd.tokens, detokenizer.push(rnd.tokens))
             tail = detokenizer.flush()        # a character the last token left incomplete (as U+FFFD)
@@ -366,20 +308,13 @@ class Gateway:
             telemetry.record_error(span, exc)
             raise
         finally:
-            if rounds is not None:
-                with contextlib.suppress(Exception):
-                    await rounds.aclose()           # ends the drafting-ahead stream now, not at collection
             with contextlib.suppress(Exception):
-                lost = await asyncio.shield(self._end_sessions(request, drafter))
-                if lost:                    # it died after its last Propose (a plain streak, the last round)
-                    stats.fallback_reason = stats.fallback_reason or lost
-                    self.mark_drafter_down(lost)
+                await asyncio.shield(self._end_sessions(request, drafter))
             stats.finish()
             self.metrics.active_sessions.dec()
             tracing.end_request_span(span, stats, self.finish_reason(generated, params))
 
-    async def _end_sessions(self, request: Request, drafter) -> str | None:
-        """Ends the request's sessions; returns why the drafter could not be reached, if it could not."""
+    async def _end_sessions(self, request: Request, drafter) -> None:
         ends = [self.verifier.end(request.session_id, request.verifier_token)]
         if drafter is not None and self.drafter_healthy:
             ends.append(drafter.end(request.session_id, request.drafter_token))
@@ -387,8 +322,7 @@ class Gateway:
             task = asyncio.ensure_future(drafter.end(request.session_id, request.drafter_token))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
-        results = await asyncio.gather(*ends, return_exceptions=True)
-        return results[1] if len(results) > 1 and isinstance(results[1], str) else None
+        await asyncio.gather(*ends, return_exceptions=True)
 
     def finish_reason(self, generated: list[int], params: GenerateParams) -> str:
         return "stop" if generated and generated[-1] in self.target.eos_token_ids and not params.ignore_eos else "length"
