@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from drafter_service.drafter import DEFAULT_MAX_SESSIONS, ContextDrafter, Decide, DraftState
-from drafter_service.sampling import sample_index, top_probability, truncate_support, warp
 from drafter_service.kv_buffers import SHARED_KV_INPUTS, SharedKV, SharedKVGraph
+from drafter_service.sampling import coupled_draft, sample_index, top_probability, truncate_support, warp
 from tandem.sessions import SessionStore
 from tandem.types import DraftToken, ModelInfo, SamplingParams
 
@@ -263,7 +263,7 @@ class ModelDrafter(ContextDrafter):
         else:
             logits = self._sync(state, context, 1)[-1]
         state.next_logits = None
-        rng = None if sampling.greedy else state.generator(sampling.seed)
+        rng = None if sampling.greedy or sampling.coupled else state.generator(sampling.seed)
         dv = self.meta.draft_vocab
         tokens: list[DraftToken] = []
         for j in range(k):
@@ -278,7 +278,10 @@ class ModelDrafter(ContextDrafter):
                 if min_confidence and step and float(warped.max()) < min_confidence:
                     break
                 ids, probs = truncate_support(warped, self.support_size)
-                choice = sample_index(probs, rng)
+                if sampling.coupled:            # the token's index in the whole sequence: len(context) + j
+                    choice = coupled_draft(logits, ids, probs, sampling, len(context) + j, dv)
+                else:
+                    choice = sample_index(probs, rng)
                 if dv is not None:
                     ids = dv[ids]
                 tok = DraftToken(int(ids[choice]), tuple(ids.tolist()), tuple(probs.tolist()))

@@ -11,17 +11,21 @@ Warping order (same as the verifier's, see ``tandem.types.SamplingParams``):
    i.e. the smallest prefix whose mass reaches top_p; the most likely token is always kept;
 4. softmax over what is kept (everything else has probability 0).
 
-Exactness does not depend on the drafter's warping matching the verifier's bit for bit: the
-verifier accepts x with min(1, p(x)/q(x)) using the q the drafter *reports*, so any q is exact as
-long as it is the distribution the token was really drawn from. Matching warps only raise
-acceptance. ``truncate_support`` + ``sample_index`` make that guarantee: the drafter samples from the
-float32 vector it sends.
+Exactness does not depend on the drafter's warping matching the verifier's bit for bit. Unseeded
+(rejection sampling), the verifier accepts x with min(1, p(x)/q(x)) using the q the drafter *reports*,
+so any q is exact as long as it is the distribution the token was really drawn from:
+``truncate_support`` + ``sample_index`` make that guarantee (the drafter samples from the float32
+vector it sends). Seeded (coupled sampling, ``coupled_draft``), the drafter proposes the argmax of
+l/T + g over its reported support with the noise g the verifier's own sample uses (tandem.coupling);
+the verifier ignores q. Matching warps only raise acceptance.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from tandem.coupling import coupled_index
+from tandem.draft_checks import MIN_DRAWN_Q
 from tandem.types import SamplingParams
 
 # For top-p over a large vocabulary, first look at this many most likely tokens; if they already
@@ -113,6 +117,19 @@ def sample_index(probs: np.ndarray, rng: np.random.Generator) -> int:
     cum = np.cumsum(np.asarray(probs, dtype=np.float64))
     u = rng.random() * cum[-1]
     return min(int(np.searchsorted(cum, u, side="right")), cum.shape[0] - 1)
+
+
+def coupled_draft(logits: np.ndarray, ids: np.ndarray, probs: np.ndarray, sampling: SamplingParams, position: int,
+                  draft_vocab: np.ndarray | None = None) -> int:
+    """The coupled draft at sequence ``position``: the index into the support (``ids``: logit indices,
+    ``probs``: q on them, from ``truncate_support``) maximising l/T + g(seed, position, target id). Tokens
+    whose reported q is below ``MIN_DRAWN_Q`` are left out, so the block passes the checks of q whoever
+    applies them. ``draft_vocab`` maps logit indices to target ids (None: the same)."""
+    keep = np.flatnonzero(np.asarray(probs) >= MIN_DRAWN_Q)     # never empty: the top token has q >= 1/support
+    kept = np.asarray(ids)[keep]
+    scores = np.asarray(logits)[kept].astype(np.float64) / float(sampling.temperature)
+    target_ids = kept if draft_vocab is None else draft_vocab[kept]
+    return int(keep[coupled_index(scores, target_ids, int(sampling.seed), position)])
 
 
 def session_rng(seed: int | None) -> np.random.Generator:

@@ -30,6 +30,11 @@ def configure(p) -> None:
     flag(p, "no-local-lookup", help="always ask the drafter, also for a block that prompt lookup over the "
          "sequence supplies whole (by default the gateway copies such a block itself: the same tokens, no "
          "round trip to the drafter)", cast=bool)
+    flag(p, "unseeded-sampling", "coupled", help="how a sampled request without a seed is verified: 'coupled' "
+         "(the gateway gives both nodes a secret seed for the request: the text is the target's own sample "
+         "whatever the drafter sends, so a drafter can only cost speed; a request's seed always couples) or "
+         "'rejection' (rejection sampling, exact only if the drafter reports the distribution it drew from)",
+         choices=("coupled", "rejection"))
     flag(p, "wait", 300.0, float, help="seconds to wait for the verifier at start")
     flag(p, "max-concurrent-requests", 64, int, help="requests served at once; more are refused at once with "
          "RESOURCE_EXHAUSTED (0: no limit)")
@@ -59,7 +64,8 @@ async def run(args) -> int:
                            no_speculation=args.no_speculation,
                            max_concurrent_requests=args.max_concurrent_requests,
                            drafter_retry_max_s=args.drafter_retry_max,
-                           local_lookup=not args.no_local_lookup, probe_budget=args.probe_budget)
+                           local_lookup=not args.no_local_lookup, probe_budget=args.probe_budget,
+                           unseeded_sampling=args.unseeded_sampling)
     gateway = await connect_gateway(args.verifier, args.drafter or None, config, wait_s=args.wait,
                                     interceptors=tracing.client_interceptors(),
                                     drafter_timeout_s=args.drafter_timeout, verifier_timeout_s=args.verifier_timeout)

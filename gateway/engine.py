@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import secrets
 import sys
@@ -60,6 +61,13 @@ class Step:
     text: str
 
 
+# How a sampled request without a seed is verified (a seeded one is always coupled, tandem.coupling):
+#   coupled    the gateway draws a secret seed for the request and gives it to both nodes: the text is the
+#              target's own sample whatever the drafter sends (a drafter can only cost speed);
+#   rejection  rejection sampling with random generators: exact only if the drafter reports its true q.
+UNSEEDED_SAMPLING = ("coupled", "rejection")
+
+
 @dataclass
 class GatewayConfig:
     draft_length: int = 0                 # 0: auto (chosen every round from measured costs); N: always N
@@ -73,8 +81,12 @@ class GatewayConfig:
     max_concurrent_requests: int = 64     # more at once are refused (RESOURCE_EXHAUSTED); 0: no limit
     local_lookup: bool = True             # blocks prompt lookup supplies whole are copied here (gateway.rounds)
     probe_budget: float = 0.005           # auto: worst-case share of plain throughput spent probing a losing drafter
+    unseeded_sampling: str = "coupled"    # a sampled request without a seed: UNSEEDED_SAMPLING
 
     def __post_init__(self):
+        if self.unseeded_sampling not in UNSEEDED_SAMPLING:
+            raise ValueError(f"--unseeded-sampling must be one of {', '.join(UNSEEDED_SAMPLING)}, "
+                             f"got {self.unseeded_sampling!r}")
         if not 0.0 <= self.probe_budget < 1.0:
             raise ValueError(f"--probe-budget must be in [0, 1) (a share of plain throughput), got {self.probe_budget}")
 
@@ -257,6 +269,13 @@ class Gateway:
                                probing=ProbeRule(budget=self.config.probe_budget),
                                schedule=self.probe_schedules[sampling.greedy])
 
+    def session_sampling(self, sampling: SamplingParams) -> SamplingParams:
+        """What both nodes are given: the request's settings, with a secret seed (never reported) for a sampled
+        request without one when unseeded requests are coupled (``GatewayConfig.unseeded_sampling``)."""
+        if sampling.greedy or sampling.seed is not None or self.config.unseeded_sampling != "coupled":
+            return sampling
+        return dataclasses.replace(sampling, seed=secrets.randbits(64))
+
     def draft_confidence(self, params: GenerateParams) -> float:
         """The confidence stop of a request: its own value, else the gateway's default."""
         return self.config.draft_confidence if params.draft_confidence is None else float(params.draft_confidence)
@@ -282,7 +301,7 @@ class Gateway:
                           drafter_token=secrets.token_hex(16), vocab_size=self.target.vocab_size,
                           prompt_ids=tuple(prompt_ids),
                           max_tokens=min(params.max_tokens, self.target.max_context - len(prompt_ids)),
-                          sampling=params.sampling, k=k if drafter is not None else 0,
+                          sampling=self.session_sampling(params.sampling), k=k if drafter is not None else 0,
                           min_confidence=self.draft_confidence(params),
                           eos_token_ids=frozenset() if params.ignore_eos else frozenset(self.target.eos_token_ids),
                           max_context=self.target.max_context, trace_context=telemetry.context_with(span),

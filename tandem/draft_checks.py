@@ -1,8 +1,15 @@
-"""What a draft block must satisfy before it is verified. The exactness of sampled output rests on q
-being the distribution each draft token was really drawn from, so a q that cannot be one is refused,
-whoever sent it: the verifier refuses the block (INVALID_ARGUMENT), and the gateway, which checks the
-drafter's proposal with the same rule first, falls back to the target alone for the request. Refusing
-depends only on the proposal, never on the target's probabilities, so the fallback stays exact.
+"""What a draft block must satisfy before it is verified. Rejection sampling (unseeded sessions) is exact
+only if q is the distribution each draft token was really drawn from, so a q that cannot be one is
+refused, whoever sent it: the verifier refuses the block (INVALID_ARGUMENT), and the gateway, which checks
+the drafter's proposal with the same rule first, falls back to the target alone for the request.
+Refusing depends only on the proposal, never on the target's probabilities, so the fallback stays exact.
+
+What a claim of q can still do: no check tells a lie from a rare draw, so under rejection sampling a
+drafter that claims q(x) = MIN_DRAWN_Q for a token it did not draw has x accepted wherever the target's
+p(x) >= q(x), raising x's share of the output without bound. It can never make the verifier emit a token
+with p(x) = 0 (accepted with probability min(1, p/q) = 0; recovered tokens come from max(p - q, 0)).
+Coupled sessions (seeded, verifier_service.acceptance.accept_coupled) never read q: every emitted token is
+the target's own sample, so any claim costs acceptance only. Their q is checked all the same.
 
 For each draft position i of a block (greedy sessions need only the ids):
   - the token id and every support id lie in the target's vocabulary; support ids are unique;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -24,7 +25,10 @@ def configure(p) -> None:
     flag(p, "temperature", 0.0, float, help="0 = greedy; > 0 samples")
     flag(p, "top-k", 0, int, help="sample among the k most likely tokens (0 = off)")
     flag(p, "top-p", 1.0, float, help="nucleus sampling mass (1.0 = off)")
-    flag(p, "seed", None, int, help="seed for reproducible sampling")
+    flag(p, "seed", None, seed, help="sampling: an integer in [0, 2^64); the same seed gives the same text, token "
+         "for token, whatever the draft length (-k), the drafter, prompt lookup, other requests or a drafter "
+         "failing mid-request (each token is the target's own sample for the seed and its position), on a "
+         "verifier whose verify rows are bit-identical to plain steps (the CPU fast path)")
     p.add_argument("-k", "--draft-length", type=draft_length, default=env("draft_length", "auto"),
                    help="draft length of this request's rounds: 'auto' (the gateway's default: chosen every round "
                         "from measured costs and acceptance) or a fixed k [env TANDEM_DRAFT_LENGTH]")
@@ -38,6 +42,17 @@ def configure(p) -> None:
     flag(p, "trace", help="print the request's round-by-round timeline", cast=bool)
     flag(p, "timeout", 600.0, float, help="deadline of the call in seconds")
     security_flags(p, server=False)
+
+
+def seed(value: str) -> int:
+    """--seed's type: an integer in [0, 2^64)."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if not 0 <= number < 2**64:
+        raise argparse.ArgumentTypeError(f"seed must be an integer in [0, 2**64), got {value!r}")
+    return number
 
 
 def run(args) -> int:

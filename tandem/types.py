@@ -10,7 +10,9 @@ class SamplingParams:
     """How tokens are chosen; the same warping applies to target_probs (p) and draft_probs (q).
 
     temperature 0 is greedy (argmax). Otherwise logits / temperature, then top-k (0 = off), then
-    top-p (1.0 = off), then softmax. ``seed`` None draws a random seed.
+    top-p (1.0 = off), then softmax. Sampled with a ``seed`` (an integer in [0, 2^64)) the session is
+    ``coupled`` (tandem.coupling): every token is the target's own sample for that seed and its position,
+    whatever the drafter proposes. Without one it uses rejection sampling from random generators.
     """
 
     temperature: float = 0.0
@@ -22,6 +24,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def coupled(self) -> bool:
+        """Sampled with a seed: drafter-invariant coupled sampling (verifier_service.acceptance)."""
+        return self.seed is not None and not self.greedy
+
     def validate(self) -> None:
         """Raises ValueError with a user-facing message when a setting is out of range."""
         if not 0.0 <= self.temperature < float("inf"):  # also rejects NaN
@@ -30,6 +37,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):  # also rejects NaN
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2**64):
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,9 @@ def configure(p):
          "(http://127.0.0.1:PORT/; -1: off)")
     flag(p, "draft-confidence", DEFAULT_DRAFT_CONFIDENCE, float, help="adaptive draft length: the drafter stops a "
          "block before a token it is less sure of than this (0 = always k)")
+    flag(p, "unseeded-sampling", "coupled", help="a sampled request without a seed: 'coupled' (a secret seed: "
+         "the drafter can only cost speed) or 'rejection' (trusts the drafter's q); the gateway's "
+         "--unseeded-sampling", choices=("coupled", "rejection"))
     flag(p, "drafter-threads", 1, int, help="ONNX Runtime threads of the drafter")
     flag(p, "verifier-threads", 0, int, help="torch threads of the verifier (0: torch's default)")
     flag(p, "verifier-cpus", None, help="pin the verifier and the gateway to these CPUs, e.g. '0' (Linux; "
@@ -489,6 +492,7 @@ def start_cluster(args) -> Cluster:
                                   *(["--max-draft-length", str(args.max_draft_length)]
                                     if getattr(args, "max_draft_length", None) else []),
                                   "--http-port", str(getattr(args, "http_port", -1)),
+                                  "--unseeded-sampling", getattr(args, "unseeded_sampling", "coupled"),
                                   "--draft-confidence", str(args.draft_confidence), *pin(v_cpus), *metrics(0)],
                       port=args.gateway_port, label="gateway")
         cluster.wait_up(["gateway"], deadline)

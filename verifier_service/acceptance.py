@@ -5,23 +5,37 @@ Terms (DESIGN.md):
   * ``target_probs`` p_i: the target's warped distribution at draft position i (p_{k+1} is the
     distribution after the whole block);
   * accepted: the longest prefix of the block the target keeps;
-  * recovered token: emitted at the first rejected position i, drawn from norm(max(p_i - q_i, 0));
-  * bonus token: emitted after a fully accepted block, drawn from p_{k+1}.
+  * recovered token: emitted at the first rejected position i;
+  * bonus token: emitted after a fully accepted block, from p_{k+1}.
 
-Random path: accept x_i with probability min(1, p_i(x_i) / q_i(x_i)). The emitted tokens are then
-distributed exactly as if sampled from the target alone, provided q_i is the distribution x_i was
-really drawn from. Greedy path (temperature 0): accept while x_i == argmax p_i; the recovered token
-is that argmax, the bonus token argmax p_{k+1}. The two paths are kept apart on purpose.
+Three rules, kept apart on purpose:
+  * greedy (temperature 0): accept while x_i == argmax p_i; the recovered token is that argmax, the
+    bonus token argmax p_{k+1};
+  * coupled (sampled with a seed, ``accept_coupled``): the target's token at each position is its own
+    coupled sample (tandem.coupling: Gumbel-max with noise that is a pure function of the seed, the
+    position and the token); accept while x_i equals it; the recovered token is the target's sample at
+    the first mismatch, the bonus token its sample after the block. q never enters: the emitted tokens
+    are the target's own sample for that seed whatever was drafted, so a drafter (honest or not) can only
+    cost acceptance;
+  * rejection (sampled without a seed, ``accept_random``): accept x_i with probability
+    min(1, p_i(x_i) / q_i(x_i)); the recovered token is drawn from norm(max(p_i - q_i, 0)). The emitted tokens are then distributed exactly as if sampled from the
+    target alone, provided q_i is the distribution x_i was really drawn from: a drafter that reports a
+    false q biases the output (tandem.draft_checks refuses the q that cannot be true, not every lie).
 
 Nothing here knows about sessions, caches or gRPC.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from tandem.coupling import coupled_token
+from tandem.types import SamplingParams
+from verifier_service.warping import support
 
 
 @dataclass(frozen=True)
@@ -71,3 +85,31 @@ def accept_random(target_probs: torch.Tensor, draft_ids: Sequence[int], draft_pr
     bonus = torch.multinomial(target_probs[k], 1, generator=generator)     # from p_{k+1}
     return Acceptance(k, int(bonus), bonus=k > 0)
 
+
+def coupled_sample(logits: torch.Tensor, sampling: SamplingParams, position: int) -> int:
+    """The target's coupled sample at sequence ``position`` from one raw logits row [V]: the argmax of
+    l/T + g(seed, position, v) over the warped support (tandem.coupling). A pure function of the row, the
+    settings and the position, so a verify row bit-identical to a plain step chooses the same token."""
+    ids = support(logits, sampling)                                   # [n] ascending (None: every token)
+    scaled = logits.double().cpu().numpy() / float(sampling.temperature)       # [V] l/T
+    return coupled_token(scaled, None if ids is None else ids.cpu().numpy(), int(sampling.seed), position)
+
+
+def accept_coupled(target_logits: torch.Tensor, draft_ids: Sequence[int], sampling: SamplingParams,
+                   first_position: int) -> Acceptance:
+    """Coupled verification of one block: target_logits [k+1, V] (raw), row i predicting the token at
+    sequence position ``first_position`` + i. Rows after the first mismatch are never sampled."""
+    k = len(draft_ids)
+    for i in range(k):
+        target_token = coupled_sample(target_logits[i], sampling, first_position + i)
+        if int(draft_ids[i]) != target_token:
+            return Acceptance(i, target_token, bonus=False)              # the recovered token
+    bonus = coupled_sample(target_logits[k], sampling, first_position + k)
+    return Acceptance(k, bonus, bonus=k > 0)
+
+
+def rejection_generator() -> torch.Generator:
+    """The generator of an unseeded rejection-sampling session, seeded from the operating system."""
+    generator = torch.Generator()
+    generator.manual_seed(secrets.randbits(63))
+    return generator

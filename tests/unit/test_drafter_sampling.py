@@ -117,3 +117,36 @@ def test_session_rng_is_seeded_on_its_own_stream():
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, np.random.default_rng(123).random(4))
     assert not np.array_equal(session_rng(None).random(4), session_rng(None).random(4))
+
+
+def test_coupled_draft_is_the_argmax_of_scaled_logits_plus_the_shared_noise():
+    """Over its reported support, mapped to target ids, leaving out tokens whose q is below the checks' floor."""
+    from drafter_service.sampling import coupled_draft
+    from tandem.coupling import gumbel
+
+    rng = np.random.default_rng(4)
+    logits = rng.normal(0, 2, 40).astype(np.float32)
+    sampling = SamplingParams(temperature=0.7, top_p=0.9, seed=12)
+    ids, probs = truncate_support(warp(logits, sampling), 16)
+    draft_vocab = np.arange(40)[::-1] + 100                       # logit index -> target id
+    for position in range(50):
+        choice = coupled_draft(logits, ids, probs, sampling, position, draft_vocab)
+        scores = logits[ids].astype(np.float64) / 0.7 + gumbel(12, position, draft_vocab[ids])
+        scores[probs < 1e-6] = -np.inf
+        assert choice == int(np.argmax(scores))
+
+
+def test_a_drafter_with_the_targets_logits_drafts_the_targets_own_sample():
+    """Same logits, same noise: the coupled draft is the verifier's coupled sample (acceptance 1)."""
+    import torch
+
+    from drafter_service.sampling import coupled_draft
+    from verifier_service.acceptance import coupled_sample
+
+    rng = np.random.default_rng(5)
+    for seed in range(200):
+        logits = rng.normal(0, 3, 300).astype(np.float32)
+        sampling = SamplingParams(temperature=0.8, top_k=50, seed=seed)
+        ids, probs = truncate_support(warp(logits, sampling), 0)
+        drafted = int(ids[coupled_draft(logits, ids, probs, sampling, 33)])
+        assert drafted == coupled_sample(torch.from_numpy(logits), sampling, 33)
