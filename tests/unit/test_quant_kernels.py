@@ -11,9 +11,16 @@ transformers weights are its output. On each path:
     bias add), checked against a float64 product of the same weights;
   * a row's output is bit-identical at every block width 1-8, any offset, and 1 or 2 threads;
   * attention and the glue match torch's formulas to fp32 rounding, with exact rows.
-Paths this CPU cannot run are reported as skipped."""
+Where this CPU lacks AVX-512 the avx512 path runs its unchanged sources compiled against SIMDe, a header-only
+emulation of the intrinsics (Debian libsimde-dev; avx512_emulation.h fills in the few it lacks): its
+arithmetic then differs from the hardware's only inside reductions and FMAs (emulated as a product and a sum),
+so everything above still holds. Paths neither the CPU nor the emulation can run are reported as skipped."""
 
 from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,12 +36,55 @@ OUT, INNER = 40, 512          # 40 output rows: not a multiple of the row or thr
 U = 2.0 ** -24
 
 
+SIMDE = Path("/usr/include/simde/x86/avx512.h")
+EMULATED = ("avx512",) if "avx512" in native.built_isas() and "avx512" not in native.runnable_isas() else ()
+
+
 def isa_param(which: str):
-    return pytest.param(which, id=which, marks=pytest.mark.skipif(
-        which not in native.runnable_isas(), reason=f"this CPU does not run the {which} path"))
+    runs = which in native.runnable_isas() or (which in EMULATED and SIMDE.exists())
+    why = f"this CPU does not run the {which} path" + (" and SIMDe (libsimde-dev) is not installed to emulate it"
+                                                        if which in EMULATED else "")
+    return pytest.param(which, id=which, marks=pytest.mark.skipif(not runs, reason=why))
 
 
 ISAS = [isa_param(i) for i in native.ISAS]
+
+
+@pytest.fixture(scope="module")
+def emulated_kernels(tmp_path_factory):
+    """The library with the avx512 sources compiled against SIMDe (the others as native builds them),
+    without OpenMP: the kernels of the 'avx512' path on a CPU without AVX-512. Its GEMM instances cover
+    passes of up to 2 rows (-DROWS=2: the same per-row code, a quarter of the emulated compile time)."""
+    import ctypes
+
+    build = tmp_path_factory.mktemp("avx512_emulation")
+    shutil.copy(Path(__file__).with_name("avx512_emulation.h"), build / "immintrin.h")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    objects, jobs = [], []
+    for which in native.built_isas():
+        for name in native.SOURCES[which]:
+            flags = [f"-I{build}", "-DROWS=2"] if which in EMULATED else list(native.ISA_CFLAGS[which])
+            objects.append(build / (Path(name).stem + ".o"))
+            jobs.append(subprocess.Popen([cc, "-O1", "-ffp-contract=off", "-fPIC", *flags, f"-I{native.KERNELS}", "-c",
+                                          str(native.KERNELS / name), "-o", str(objects[-1])],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    for job in jobs:
+        assert job.wait() == 0, job.stderr.read().decode()[-2000:]
+    lib = build / "libemulated.so"
+    subprocess.run([cc, "-shared", *map(str, objects), "-o", str(lib), "-lm"], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(lib))
+    native._declare(lib)
+    return {which: native.Kernels(lib, which) for which in EMULATED}
+
+
+@pytest.fixture(autouse=True)
+def emulated_path(request, monkeypatch):
+    """A test of an emulated path gets its kernels from ``emulated_kernels`` (native.kernels patched)."""
+    which = getattr(request.node, "callspec", None) and request.node.callspec.params.get("which")
+    if which in EMULATED:
+        kernels = request.getfixturevalue("emulated_kernels")
+        real = native.kernels
+        monkeypatch.setattr(native, "kernels", lambda isa=None: kernels[isa] if isa in kernels else real(isa))
 
 
 @pytest.fixture(autouse=True)
