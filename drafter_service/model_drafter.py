@@ -338,7 +338,10 @@ class ModelDrafter(ContextDrafter):
         for start in range(0, n, chunk):
             end = min(n, start + chunk)
             wanted = end - max(start, wanted_from)          # rows of this run that are returned
-            outs = self._run(ids[start:end], past, keep=max(1, wanted))
+            if self._shared is not None:                     # logits for the wanted rows only
+                outs = [past[0].run(ids[start:end], max(1, wanted)), past[0]]
+            else:
+                outs = self._run(ids[start:end], past)
             past = outs[1:]
             if wanted > 0:
                 out = outs[0][0]
@@ -368,12 +371,12 @@ class ModelDrafter(ContextDrafter):
             return kv
         return [np.ascontiguousarray(x[:, :, :length]) for x in kv]
 
-    def _run(self, ids, past: list, keep: int = 1) -> list:
-        """One ORT run: feeds ``ids`` after ``past``; returns [logits [1, rows, logits_size], the KV after it...].
-        A shared-buffer graph returns the last ``keep`` rows (the KV is ``past``, advanced in place; a one-token
-        step's logits are the session's step buffer, valid until its next run), the classic graph every row."""
+    def _run(self, ids, past: list) -> list:
+        """One ORT run: feeds ``ids`` after ``past``; returns [logits [1, rows, logits_size], the KV after it...]:
+        every row from the classic graph; the last row from a shared-buffer graph (the KV is ``past``, advanced
+        in place; a one-token step's logits are the session's step buffer, valid until its next run)."""
         if self._shared is not None:
-            return [past[0].run(ids, keep), past[0]]
+            return [past[0].run(ids, 1), past[0]]
         p = past[0].shape[2]
         s = len(ids)
         feed = {"input_ids": np.asarray(ids, dtype=np.int64).reshape(1, s),
