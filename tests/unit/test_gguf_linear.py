@@ -1,6 +1,6 @@
 """GEMMs on GGUF blocks as stored (verifier_service.gguf_linear over quant.QuantWeight): the weights are bit for bit
-the ones transformers dequantizes, results match F.linear to fp32 rounding, a row's result never depends on
-the block width or the thread count, and the static decoder on them decodes greedily as plain decoding.
+the ones transformers dequantizes, results match F.linear to fp32 rounding, and a row's result never depends
+on the block width or the thread count.
 
 A tiny random Llama is quantized with gguf-py (Q4_1 layers, a Q8_0 head) into a real GGUF file; the model's
 weights are then set to the dequantized values, as transformers would load them from that file."""
@@ -12,9 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tandem.types import DraftToken, SamplingParams
-from verifier_service import gguf_linear, native, static_decoder
-from verifier_service.target import Target
+from verifier_service import gguf_linear, native
 
 pytestmark = pytest.mark.skipif(native.library() is None,
                                 reason=f"GGUF kernel unavailable: {native.unavailable_reason()}")
@@ -106,56 +104,6 @@ def test_kernel_matches_f_linear_and_rows_do_not_depend_on_width_or_threads(kind
         assert torch.equal(linear(x[4:5])[0], full[4])
     finally:
         torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def gguf_target(gguf_model):
-    model, tokenizer, path = gguf_model
-    return Target(model, tokenizer, "tiny-gguf", gemm="gguf", gguf_path=str(path), widths=(1, 2, 3, 5))
-
-
-def test_static_decoder_on_gguf_blocks(gguf_target, gguf_model):
-    model, tokenizer, path = gguf_model
-    assert gguf_target.gemm == "gguf" and gguf_target.decoder.rows_independent
-    assert any(isinstance(m, gguf_linear.GgufLinear) for m in gguf_target.decoder.linears.modules())
-    assert "GGUF blocks" in gguf_target.decoder.describe()
-    assert set(gguf_target.cost_table()) == {1, 2, 3, 5}
-    # the same logits as transformers' own forward (MKL) on the model's weights, to fp32 rounding
-    seq = [5, 9, 11, 3, 7, 21, 8, 30, 2, 17]
-    with torch.inference_mode():
-        want = model(input_ids=torch.tensor([seq])).logits[0]
-    from verifier_service.kv_cache import TargetSession
-
-    session = TargetSession("scratch", gguf_target._new_cache(), 0, -1, SamplingParams(), torch.Generator())
-    got = gguf_target._forward(session, seq)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-
-
-def test_speculative_equals_plain_on_gguf_blocks(gguf_target):
-    """Greedy: blocks of every width give the plain chain, token for token (rows exact)."""
-    prompt = [5, 9, 11, 3, 7]
-    first, _ = gguf_target.start("plain", prompt, SamplingParams())
-    plain = [first]
-    while len(plain) < 24:
-        plain.append(gguf_target.verify("plain", []).next_token)
-    gguf_target.end("plain")
-    for k in (1, 3, 7):
-        first, _ = gguf_target.start(f"spec{k}", prompt, SamplingParams())
-        out = [first]
-        while len(out) < 24:
-            # the true continuation with its last token wrong: k - 1 accepted, then the recovered token
-            truth = plain[len(out):len(out) + k]
-            guess = truth[:-1] + [(truth[-1] + 1) % 64] if len(truth) == k else truth + [1] * (k - len(truth))
-            outcome = gguf_target.verify(f"spec{k}", [DraftToken(t) for t in guess])
-            out += guess[:outcome.accepted] + [outcome.next_token]
-        gguf_target.end(f"spec{k}")
-        assert out[:24] == plain, k
-
-
-def test_gguf_asked_for_without_a_file_says_why(gguf_model):
-    model, tokenizer, _ = gguf_model
-    with pytest.raises(ValueError, match="not loaded from a GGUF file"):
-        static_decoder.StaticDecoder(model, gemm="gguf")
 
 
 def test_wide_inputs_go_to_the_fp32_layer_and_narrow_ones_to_the_blocks():
