@@ -63,6 +63,8 @@ def _register(server, servicer, garbage: bool):
 
     handlers = {}
     for m in desc.methods:
+        if not hasattr(servicer, m.name):       # an RPC this fake does not serve answers UNIMPLEMENTED
+            continue
         out = message_factory.GetMessageClass(m.output_type)
         serialize = (lambda msg: b"\xff\xff\xff\xff") if garbage and m.name == "Propose" else out.SerializeToString
         handlers[m.name] = grpc.unary_unary_rpc_method_handler(
@@ -128,6 +130,48 @@ def test_a_misbehaving_drafter_falls_back_to_the_target_alone(lt, verifier, tiny
     assert bad.calls >= 1
     assert list(reply.token_ids) == list(expected.token_ids)
     assert "drafter" in reply.stats.fallback_reason, reply.stats.fallback_reason
+    assert len(target.sessions) == 0
+
+
+class LyingDrafter:
+    """Proposes token 7 at every position, claiming it drew it with q = 2e-6 (above the checks' floor)."""
+
+    def __init__(self, info):
+        self.info, self.calls = info, 0
+
+    async def GetInfo(self, request, context):
+        return info_to_pb(self.info)
+
+    async def Propose(self, request, context):
+        self.calls += 1
+        lie = common_pb2.DraftToken(token_id=7, support_ids=[7], support_probs=[2e-6])
+        return drafter_pb2.Proposal(tokens=[lie] * request.k)
+
+    async def EndSession(self, request, context):
+        return common_pb2.EndSessionReply(found=True)
+
+
+def test_a_lying_drafter_cannot_change_seeded_output(lt, verifier, tiny_drafter_onnx):
+    """A drafter that always proposes token 7 and claims q(7) = 2e-6 passes every check of q (a lie cannot be
+    told from a rare draw), so its blocks are verified. A seeded request is coupled: the verifier never reads
+    q, and the tokens are plain decoding's for the seed. (Rejection sampling would accept token 7 wherever
+    the target gives it p >= 2e-6: tests/unit/test_exactness.py shows that bias.)"""
+    from drafter_service.onnx_drafter import OnnxDrafter
+
+    target, verifier_addr = verifier
+    sampling = common_pb2.SamplingParams(temperature=1.0, seed=11, has_seed=True)
+    liar = LyingDrafter(OnnxDrafter(tiny_drafter_onnx, threads=1).info)
+    service = lt.run(start_service("drafter", lambda s: _register(s, liar, False), ["tandem.v1.Drafter"]))
+    try:
+        reply = _generate(lt, verifier_addr, f"127.0.0.1:{service.port}", gateway_pb2.GenerateRequest(
+            prompt="w1 w5 w9", max_tokens=24, ignore_eos=True, draft_length=2, sampling=sampling))
+    finally:
+        lt.run(service.stop(0))
+    plain = _generate(lt, verifier_addr, None, gateway_pb2.GenerateRequest(
+        prompt="w1 w5 w9", max_tokens=24, ignore_eos=True, no_speculation=True, sampling=sampling))
+    assert list(reply.token_ids) == list(plain.token_ids)
+    assert reply.stats.speculative and not reply.stats.fallback_reason and reply.stats.proposed > 0 and liar.calls
+    assert list(plain.token_ids).count(7) < 12
     assert len(target.sessions) == 0
 
 
