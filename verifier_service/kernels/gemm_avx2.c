@@ -8,14 +8,18 @@
    with an FMA, so lane l of accumulator k sums chunk element 8k + l in chunk order; the row's result is
    the sum of the four accumulators ((a0 + a1) + (a2 + a3)) reduced 8 -> 4 -> 2 -> 1.
 
-   Up to ROWS rows of x share each rebuilt chunk (4 ROWS accumulators and the chunk's registers fit the 16
-   ymm registers); the row count is a constant in each instance. Exact rows: every row runs the same
+   Up to ROWS rows of x share each rebuilt chunk; the row count is a constant in each instance. With 4 rows
+   some of the 16 accumulators spill to L1, which still beat 2 or 3 rows a pass at widths 4-8 (fewer
+   rebuilds) and matched them at widths 1-3 (default target's linears, 1 thread). Exact rows: every row runs the same
    sequence whatever the row or thread count; y[r, o] is computed by one thread. */
 #include <immintrin.h>
 
+#include "q6k_avx2.h"
 #include "quants.h"
 
-#define ROWS 3
+#ifndef ROWS
+#define ROWS 4
+#endif
 
 static inline float half(const uint8_t *p) { return _cvtsh_ss(tq_u16(p)); }
 /* 8 bytes -> 8 int32 lanes (zero- or sign-extended) */
@@ -140,14 +144,8 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
             const float d = half(blk + offsetof(block_q6_K, d));
             const int8_t *scales = (const int8_t *)(blk + offsetof(block_q6_K, scales));
             const uint8_t *ql = blk + offsetof(block_q6_K, ql), *qh = blk + offsetof(block_q6_K, qh);
-            const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(0x03), bias32 = _mm256_set1_epi8(32);
-            for (int s = 0; s < 8; s++) {                 /* chunk s = 4 h + t, see tq_dequant_q6_K */
-                const int h = s / 4, t = s % 4;
-                const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32 * (t % 2)));
-                const __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
-                const __m256i lo4 = _mm256_and_si256(_mm256_srl_epi16(l, _mm_cvtsi32_si128(4 * (t / 2))), low4);
-                const __m256i hi2 = _mm256_and_si256(_mm256_srl_epi16(u, _mm_cvtsi32_si128(2 * t)), low2);
-                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo4, _mm256_slli_epi16(hi2, 4)), bias32);
+            for (int s = 0; s < 8; s++) {
+                const __m256i q = q6_k_chunk(ql, qh, s);
                 const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
                 const __m256 d0 = _mm256_set1_ps(d * (float)scales[2 * s]), d1 = _mm256_set1_ps(d * (float)scales[2 * s + 1]);
                 w[0] = _mm256_mul_ps(d0, f32(_mm256_cvtepi8_epi32(q0)));

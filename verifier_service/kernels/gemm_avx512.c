@@ -13,6 +13,7 @@
    whatever the row or thread count; y[r, o] is computed by one thread. */
 #include <immintrin.h>
 
+#include "q6k_avx2.h"
 #include "quants.h"
 
 #ifndef ROWS
@@ -153,14 +154,8 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
             const float d = half(blk + offsetof(block_q6_K, d));
             const int8_t *scales = (const int8_t *)(blk + offsetof(block_q6_K, scales));
             const uint8_t *ql = blk + offsetof(block_q6_K, ql), *qh = blk + offsetof(block_q6_K, qh);
-            const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(0x03), bias32 = _mm256_set1_epi8(32);
-            for (int s = 0; s < 8; s++) {                 /* chunk s = 4 h + t, see tq_dequant_q6_K */
-                const int h = s / 4, t = s % 4;
-                const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32 * (t % 2)));
-                const __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
-                const __m256i lo4 = _mm256_and_si256(_mm256_srl_epi16(l, _mm_cvtsi32_si128(4 * (t / 2))), low4);
-                const __m256i hi2 = _mm256_and_si256(_mm256_srl_epi16(u, _mm_cvtsi32_si128(2 * t)), low2);
-                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo4, _mm256_slli_epi16(hi2, 4)), bias32);
+            for (int s = 0; s < 8; s++) {
+                const __m256i q = q6_k_chunk(ql, qh, s);
                 const __m512 wl = _mm512_mul_ps(_mm512_set1_ps(d * (float)scales[2 * s]),
                                                 _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))));
                 const __m512 wh = _mm512_mul_ps(_mm512_set1_ps(d * (float)scales[2 * s + 1]),

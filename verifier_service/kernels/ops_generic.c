@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_rows.h"
 #include "simd_generic.h"
 
 #define LANES 16
@@ -39,23 +40,21 @@ static inline float dot(const float *a, const float *b, int64_t d) {
 }
 
 /* out[i, h] = softmax(scale * q[i, h] . K[kv(h), begin..end)) . V[kv(h), begin..end), end = start + i + 1,
-   begin = max(0, end - window) (window 0: 0): row i attends to its own causal prefix of the static cache,
-   its last ``window`` keys with a sliding window.
+   begin = max(0, end - window) (window 0: 0; attention_rows.h): row i attends to its own causal prefix of
+   the static cache, its last ``window`` keys with a sliding window.
    q: row i, head h at q + i * q_row + h * d (heads contiguous, any row stride); k, v: [kv_heads, cap, d] of
    one layer (head g of group h / (heads / kv_heads)); out: [n, heads * d]. Any d. */
 void tq_attention_generic(const float *q, int64_t q_row, int64_t n, int64_t heads, int64_t kv_heads, int64_t d,
                           const float *k, const float *v, int64_t cap, int64_t start, int64_t window, float scale,
                           float *out, int threads) {
-    const int64_t group = heads / kv_heads;
 #pragma omp parallel num_threads(threads)
     {
         float *s = (float *)malloc(sizeof(float) * (size_t)(start + n));
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < n * heads; t++) {
-            const int64_t i = t / heads, h = t % heads, end = start + i + 1;
-            const int64_t begin = window > 0 && end > window ? end - window : 0, m = end - begin;
-            const float *qi = q + i * q_row + h * d;
-            const float *K = k + ((h / group) * cap + begin) * d, *V = v + ((h / group) * cap + begin) * d;
+            const attention_task a = attention_task_of(t, q, q_row, heads, kv_heads, d, k, v, cap, start, window);
+            const int64_t m = a.m;
+            const float *qi = a.q, *K = a.k, *V = a.v;
             float mx = -INFINITY;
             for (int64_t j = 0; j < m; j++) {
                 s[j] = dot(qi, K + j * d, d) * scale;
@@ -73,7 +72,7 @@ void tq_attention_generic(const float *q, int64_t q_row, int64_t n, int64_t head
                 acc[l] = acc[l] + s[j + l];
             }
             const float inv = 1.0f / lanes_sum(acc);
-            float *o = out + i * heads * d + h * d;
+            float *o = out + a.i * heads * d + a.h * d;
             for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
             for (int64_t j2 = 0; j2 < m; j2++)
                 for (int64_t c = 0; c < d; c++) o[c] = o[c] + s[j2] * V[j2 * d + c];

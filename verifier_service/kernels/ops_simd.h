@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "attention_rows.h"
+
 /* q . k over d values: full VL chunks, then one zero-filled partial chunk, summed lane-wise, reduced once. */
 static inline float dot(const float *q, const float *k, int64_t d) {
     vf acc = v_zero();
@@ -17,16 +19,14 @@ static inline float dot(const float *q, const float *k, int64_t d) {
 void TQ_SUFFIX(tq_attention)(const float *q, int64_t q_row, int64_t n, int64_t heads, int64_t kv_heads, int64_t d,
                              const float *k, const float *v, int64_t cap, int64_t start, int64_t window, float scale,
                              float *out, int threads) {
-    const int64_t group = heads / kv_heads;
 #pragma omp parallel num_threads(threads)
     {
         float *s = (float *)malloc(sizeof(float) * (size_t)(start + n + VL));
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < n * heads; t++) {
-            const int64_t i = t / heads, h = t % heads, end = start + i + 1;
-            const int64_t begin = window > 0 && end > window ? end - window : 0, m = end - begin;
-            const float *qi = q + i * q_row + h * d;
-            const float *K = k + ((h / group) * cap + begin) * d, *V = v + ((h / group) * cap + begin) * d;
+            const attention_task a = attention_task_of(t, q, q_row, heads, kv_heads, d, k, v, cap, start, window);
+            const int64_t m = a.m;
+            const float *qi = a.q, *K = a.k, *V = a.v;
             int64_t j = 0;
             for (; j + 4 <= m && d % VL == 0; j += 4) {   /* four keys at a time: four independent FMA chains */
                 const float *k0 = K + j * d;
@@ -60,7 +60,7 @@ void TQ_SUFFIX(tq_attention)(const float *q, int64_t q_row, int64_t n, int64_t h
                 vsum = v_add(vsum, v_loadn(s + j2, m - j2));
             }
             const vf vinv = v_set1(1.0f / v_hsum(vsum));
-            float *o = out + i * heads * d + h * d;
+            float *o = out + a.i * heads * d + a.h * d;
             int64_t c = 0;
             for (; c + 4 * VL <= d; c += 4 * VL) {       /* four column chunks at a time: four chains */
                 vf a0 = v_zero(), a1 = a0, a2 = a0, a3 = a0;

@@ -1,0 +1,16 @@
+/* Q6_K chunk s (32 weights) as 32 signed bytes q - 32, with AVX2 byte operations: shared by gemm_avx2.c and
+   gemm_avx512.c. Chunk s = 4 h + t (see tq_dequant_q6_K): low 4 bits of ql[64 h + 32 (t % 2) + l] (nibble
+   t / 2), high 2 bits of qh[32 h + l] (bits 2t, 2t + 1). */
+#pragma once
+#include <immintrin.h>
+
+#include "quants.h"
+
+static inline __m256i q6_k_chunk(const uint8_t *ql, const uint8_t *qh, int s) {
+    const int h = s / 4, t = s % 4;
+    const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32 * (t % 2)));
+    const __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+    const __m256i lo4 = _mm256_and_si256(_mm256_srl_epi16(l, _mm_cvtsi32_si128(4 * (t / 2))), _mm256_set1_epi8(0x0F));
+    const __m256i hi2 = _mm256_and_si256(_mm256_srl_epi16(u, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(0x03));
+    return _mm256_sub_epi8(_mm256_or_si256(lo4, _mm256_slli_epi16(hi2, 4)), _mm256_set1_epi8(32));
+}
