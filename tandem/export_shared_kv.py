@@ -438,34 +438,31 @@ def _session(onnx_path, threads: int, profile_prefix: str | None):
 
 
 class SharedKVRunner:
-    """Feeds tokens to a shared-buffer graph with its KV buffers bound in place (for the parity check and the
-    bench; the drafter service has its own, drafter_service.kv_buffers). ``profile_prefix``: ORT profiling on."""
+    """Feeds tokens to a shared-buffer graph through the drafter service's own KV buffers
+    (drafter_service.kv_buffers). ``profile_prefix``: ORT profiling on."""
 
-    def __init__(self, onnx_path, capacity: int, threads: int = 1, profile_prefix: str | None = None):
-        import onnxruntime as ort
+    def __init__(self, onnx_path, threads: int = 1, profile_prefix: str | None = None):
+        from drafter_service.kv_buffers import SharedKV, SharedKVGraph
 
         self.session = _session(onnx_path, threads, profile_prefix)
         past = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
         _, kv, _, dim = past[0].shape
-        self.binding = self.session.io_binding()
-        self.binding.bind_output("logits")               # first: get_outputs() lists outputs in binding order
-        self.buffers = [ort.OrtValue.ortvalue_from_numpy(np.zeros((1, kv, capacity, dim), np.float32)) for _ in past]
-        for p, buf in zip(past, self.buffers):
-            self.binding.bind_ortvalue_input(p.name, buf)
-            self.binding.bind_ortvalue_output(p.name.replace("past_key_values", "present"), buf)
-        self.length = 0
+        logits = {o.name: o for o in self.session.get_outputs()}["logits"].shape[-1]
+        positions = int(self.session.get_modelmeta().custom_metadata_map["max_positions"])
+        self.kv = SharedKV(SharedKVGraph(self.session, tuple(p.name for p in past), kv, dim, np.float32, logits,
+                                         positions))
+
+    @property
+    def length(self) -> int:
+        return self.kv.length
+
+    def crop(self, length: int) -> None:
+        """Keeps the first ``length`` tokens (a rollback: the buffers are not touched)."""
+        self.kv.crop(length)
 
     def feed(self, ids: list[int], rows: int = 1) -> np.ndarray:
         """Logits [rows, vocab] of the last ``rows`` of ``ids``, fed after what the buffers hold."""
-        n, io = len(ids), self.binding
-        io.bind_cpu_input("input_ids", np.asarray([ids], np.int64))
-        io.bind_cpu_input("seqlens_k", np.asarray([self.length + n - 1], np.int32))
-        io.bind_cpu_input("total_sequence_length", np.asarray(self.length + n, np.int32))
-        io.bind_cpu_input("logits_to_keep", np.asarray([rows], np.int64))
-        io.bind_output("logits")
-        self.session.run_with_iobinding(io)
-        self.length += n
-        return io.get_outputs()[0].numpy()[0]
+        return self.kv.run(ids, rows)[0].copy()
 
 
 class ClassicRunner:
@@ -514,11 +511,10 @@ def parity(classic_onnx, shared_onnx, prompts: list[list[int]], steps: int = 32,
     run, so the classic graph's own logits depend on how the tokens were batched)."""
     phases = ("prompt", "prompt_last_row", "greedy_steps", "classic_chunked")
     out: dict = {"prompts": len(prompts), "steps": steps, **{p: {} for p in phases}}
-    capacity = max(len(p) for p in prompts) + steps + 1
     for ids in prompts:
-        old, new = ClassicRunner(classic_onnx), SharedKVRunner(shared_onnx, capacity)
+        old, new = ClassicRunner(classic_onnx), SharedKVRunner(shared_onnx)
         a = old.feed(ids, len(ids))
-        _compare(a, SharedKVRunner(shared_onnx, capacity).feed(ids, len(ids)), out["prompt"])
+        _compare(a, SharedKVRunner(shared_onnx).feed(ids, len(ids)), out["prompt"])
         _compare(a[-1:], new.feed(ids, 1), out["prompt_last_row"])      # the head on the returned row only
         chunked = ClassicRunner(classic_onnx)
         rows = np.concatenate([chunked.feed(ids[i:i + chunk], len(ids[i:i + chunk])) for i in range(0, len(ids), chunk)])

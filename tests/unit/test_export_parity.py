@@ -203,11 +203,11 @@ def test_shared_kv_graph_interface_and_parity_with_torch(hd16_exports, tmp_path)
 
     ids, more = [1, 5, 9, 33, 2, 61, 17], [40, 3]
     full = torch_logits(ids + more + [11])
-    runner = SharedKVRunner(tmp_path / "model.onnx", capacity=32)
+    runner = SharedKVRunner(tmp_path / "model.onnx")
     assert np.abs(runner.feed(ids, 7) - full[:7]).max() <= TOL
     assert np.abs(runner.feed(more, 2) - full[7:9]).max() <= TOL
     assert np.abs(runner.feed([11]) - full[9:]).max() <= TOL
-    runner.length = 7                                           # roll back to the prompt
+    runner.crop(7)                                              # roll back to the prompt
     assert np.abs(runner.feed([40, 4, 8], 1) - torch_logits(ids + [40, 4, 8])[-1:]).max() <= TOL
 
 
