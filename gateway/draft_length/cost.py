@@ -21,7 +21,7 @@ and a block the gateway copies itself by prompt lookup (no drafter call) t_verif
   timed also measures the plain part. Until a speculative round is measured, the drafter's round trip
   is the one a ping measured (``seed_drafter_round_trip``).
 
-The draft cost, the verify cost and the drafter's round trip are kept apart (``draft_curve``,
+The draft cost, the verify cost and the drafter's round trip are learned apart (``draft_ms_per_token``,
 ``verify_curve``, ``drafter_round_trip_ms``); ``round_curve`` adds them up. Unobserved figures default
 to 0 (optimism under uncertainty): a wrong guess is tried once, measured and corrected, whereas a
 pessimistic one would never be revisited.
@@ -203,16 +203,6 @@ class CostModel:
     def lookup_ms_per_token(self) -> float:
         return self._lookup_per_token.mean
 
-    def draft_curve(self, top: int, lookup_tokens: int = 0) -> list[float]:
-        """The drafter's compute for a block of k = 0..top whose first ``lookup_tokens`` are lookup copies."""
-        per_model, per_lookup = self._draft_per_token.mean, self._lookup_per_token.mean
-        lookup = max(0, lookup_tokens)
-        out = [0.0]
-        for k in range(1, top + 1):             # k - n model tokens and n lookup copies
-            n = lookup if lookup < k else k
-            out.append((k - n) * per_model + n * per_lookup)
-        return out
-
     def catch_up_ms(self, tokens: int) -> float:
         """What the drafter spends reading ``tokens`` of context it has not seen before it drafts: 0 up to
         ``CATCH_UP_FREE`` (a drafting round's own few, in ``draft_ms_per_token``), measured per token beyond."""
@@ -239,9 +229,15 @@ class CostModel:
         drafter's lookup). k = 0 is a plain step: verify at width 0 and the plain overhead, no draft and
         no drafter round trip."""
         verify = self.verify_curve(top)
-        draft = self.draft_curve(top, lookup_tokens)
-        spec = self.speculative_overhead_ms
-        return [verify[0] + self._plain_overhead.mean] + [draft[k] + verify[k] + spec for k in range(1, top + 1)]
+        overhead = self.speculative_overhead_ms         # the plain overhead and the drafter's round trip
+        per_model, per_lookup = self._draft_per_token.mean, self._lookup_per_token.mean
+        lookup = max(0, lookup_tokens)
+        out = [verify[0] + self._plain_overhead.mean]
+        for k in range(1, top + 1):
+            n = lookup if lookup < k else k             # k - n model tokens and n lookup copies
+            draft = (k - n) * per_model + n * per_lookup
+            out.append(draft + verify[k] + overhead)
+        return out
 
     def copied_round_curve(self, top: int) -> list[float]:
         """Expected wall ms of a round for k = 0..top whose block the gateway copies by prompt lookup itself:

@@ -22,7 +22,7 @@ fed to the cost model and the acceptance estimator; a round without a block rela
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from gateway.draft_length.acceptance import AcceptanceEstimator
 from gateway.draft_length.choice import Decision, candidates, choose_k
@@ -101,32 +101,25 @@ class PinnedDraftLength(_Learning):
         return Decision(k, c.expected_tokens, c.expected_ms, c.tokens_per_ms, (c,), "pinned")
 
 
-class _Room(NamedTuple):
-    """What a held plain choice is held for: the round's budget and lookup match."""
-
-    budget: int
-    lookup: int
-    ngram: int
-    local: bool
-
-
 class _HeldPlainChoice:
     """Clear plain choices, per room, and the last round each stands for (the policy module's docstring)."""
 
     def __init__(self, max_rounds: int, relax: float):
         self.max_rounds, self.relax = max_rounds, relax
         self._round = 0
-        self._held: dict[_Room, tuple[Decision, int, float]] = {}   # room -> (plain choice, last round, catch-up ms)
+        # (budget, lookup tokens, their match length, local lookup) -> (plain choice, last round, catch-up ms)
+        self._held: dict[tuple, tuple[Decision, int, float]] = {}
 
-    def next_round(self, room: _Room, catch_up: float) -> Decision | None:
-        """Counts a round; the plain choice held for ``room``, if it still stands."""
+    def next_round(self, room: tuple, catch_up: float) -> Decision | None:
+        """Counts a round; the plain choice held for ``room`` (the round's budget and lookup match), if it
+        still stands."""
         self._round += 1
         held = self._held.get(room)
         if held is not None and self._round <= held[1] and catch_up >= held[2]:
             return held[0]
         return None
 
-    def keep(self, room: _Room, d: Decision, catch_up: float) -> None:
+    def keep(self, room: tuple, d: Decision, catch_up: float) -> None:
         """Holds ``d`` for the rounds its margin lasts, if it is a plain choice."""
         if d.k != 0 or len(d.candidates) < 2 or not self.max_rounds:
             return
@@ -163,14 +156,15 @@ class AutoDraftLength(_Learning):
         if budget and not self.cost.ready:
             k = min(self.fallback_k, budget)
             return Decision(k, float("nan"), float("nan"), float("nan"), (), "no-figures")
-        room = _Room(budget, self._lookup_predicted, self._lookup_ngram, local_lookup)
+        room = (budget, self._lookup_predicted, self._lookup_ngram, local_lookup)
         held = self._held.next_round(room, catch_up)
         d = held if held is not None and not self._prober.due() else self._weigh(room, catch_up, remaining)
         return self._prober.step(d, budget, self._lookup_predicted if local_lookup else 0, self.acceptance)
 
-    def _weigh(self, room: _Room, catch_up: float, remaining: int) -> Decision:
-        d = choose_k(self.cost, self.acceptance, min(room.budget, self.max_draft_length), room.lookup, room.ngram,
-                     room.local, catch_up, remaining)
+    def _weigh(self, room: tuple, catch_up: float, remaining: int) -> Decision:
+        budget, lookup, ngram, local = room
+        d = choose_k(self.cost, self.acceptance, min(budget, self.max_draft_length), lookup, ngram, local, catch_up,
+                     remaining)
         self._held.keep(room, d, catch_up)
         return d
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.draft_length.acceptance import AcceptanceEstimator
 from gateway.draft_length.choice import Decision, expected_prefixes
@@ -58,8 +59,7 @@ class ProbeSchedule:
     spent: float = 0.0              # refused probes' extra time since the last reset, in plain rounds
 
 
-@dataclass(frozen=True)
-class _Pending:
+class _Pending(NamedTuple):
     """A round whose verdict its figures decide: a probe, or a block the choice picked."""
 
     probe: bool
