@@ -14,12 +14,15 @@ rope in the layout the file has (``DecoderSpec.rope_layout``), so q/k rows are u
 The tokenizer is transformers' conversion of the file's vocabulary (``AutoTokenizer.from_pretrained(dir,
 gguf_file=name)``, what ``tandem.models`` loads for a GGUF target: the same vocabulary hash). It reads the
 whole header with gguf-py (39 s and 700 MB for a 262 k vocabulary), so it runs once per file in a child
-process and is kept under ``$XDG_CACHE_HOME/tandem/tokenizers``; later starts load the saved tokenizer.
+process and is kept under ``$XDG_CACHE_HOME/tandem/tokenizers`` with what the verifier needs of it
+(``tokenizer_info()``: the verifier itself holds no tokenizer object, 300 MB for a 262 k vocabulary;
+``tokenizer()`` loads one for benches and checks).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -33,6 +36,7 @@ from verifier_service import weights as W
 from verifier_service.architecture import DecoderSpec, UnsupportedModel, from_gguf
 from verifier_service.decoder import Decoder, DecoderWeights, LayerWeights
 from verifier_service.gguf_file import GgufFile
+from verifier_service.info import TokenizerInfo
 from verifier_service.ops import backend
 
 # Chat templates for files whose metadata has none (the model family's published format).
@@ -42,6 +46,8 @@ FALLBACK_CHAT_TEMPLATES = {
                "<start_of_turn>{{ role }}\n{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
                "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"),
 }
+INFO_FILE = "tandem_tokenizer.json"      # beside the converted tokenizer: what the verifier needs of it
+WIRE_FILE = "tokenizer.wire.json"        # the tokenizer JSON as the verifier sends it to a gateway
 # Tokens that end a turn besides the file's EOS, by family (llama.cpp treats them as end of generation).
 END_OF_TURN_TOKENS = {"gemma3": ("<end_of_turn>",)}
 
@@ -136,18 +142,15 @@ class GgufModel:
         """transformers' tokenizer of the file (converted once in a child process, then cached)."""
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(tokenizer_dir(self.path))
-        if not tok.chat_template and self.architecture in FALLBACK_CHAT_TEMPLATES:
-            tok.chat_template = FALLBACK_CHAT_TEMPLATES[self.architecture]
-        return tok
+        return AutoTokenizer.from_pretrained(tokenizer_dir(self.path))
 
-    def eos_token_ids(self, tokenizer) -> tuple[int, ...]:
-        ids = {self.file.get("tokenizer.ggml.eos_token_id"), self.file.get("tokenizer.ggml.eot_token_id")}
-        vocab = tokenizer.get_vocab()
-        ids |= {vocab.get(t) for t in END_OF_TURN_TOKENS.get(self.architecture, ())}
-        if tokenizer.eos_token_id is not None and not ids - {None}:
-            ids.add(tokenizer.eos_token_id)
-        return tuple(sorted(int(i) for i in ids if i is not None))
+    def tokenizer_info(self) -> TokenizerInfo:
+        """What the verifier needs of the tokenizer, from the cached conversion (no tokenizer object)."""
+        folder = tokenizer_dir(self.path)
+        meta = json.loads((folder / INFO_FILE).read_text())
+        path = folder / WIRE_FILE
+        return TokenizerInfo(meta["vocab_hash"], meta["chat_template"], meta["bos_token"], meta["eos_token"],
+                             tuple(meta["eos_token_ids"]), lambda: path.read_bytes().decode("ascii"))
 
     def describe(self) -> str:
         return f"{self.architecture}, {'/'.join(self.kinds())} blocks, {self.size / 1e6:.0f} MB mapped"
@@ -166,7 +169,7 @@ def tokenizer_dir(path: str | os.PathLike) -> Path:
     st = path.stat()
     key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     out = _cache_root() / f"{path.stem}-{key}"
-    if (out / "tokenizer_config.json").exists():
+    if (out / INFO_FILE).exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
@@ -178,17 +181,42 @@ def tokenizer_dir(path: str | os.PathLike) -> Path:
         try:
             os.replace(tmp, out)
         except OSError:           # another process made it first
-            if not (out / "tokenizer_config.json").exists():
+            if not (out / INFO_FILE).exists():
                 raise
         os.makedirs(tmp, exist_ok=True)           # TemporaryDirectory's cleanup expects it
     return out
 
 
+def eos_token_ids(file: GgufFile, tokenizer) -> tuple[int, ...]:
+    """The file's EOS and end-of-turn tokens (llama.cpp's end-of-generation set), else the tokenizer's EOS."""
+    arch = str(file.get("general.architecture", ""))
+    ids = {file.get("tokenizer.ggml.eos_token_id"), file.get("tokenizer.ggml.eot_token_id")}
+    vocab = tokenizer.get_vocab()
+    ids |= {vocab.get(t) for t in END_OF_TURN_TOKENS.get(arch, ())}
+    if not ids - {None} and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(int(i) for i in ids if i is not None))
+
+
 def _convert_tokenizer(path: str, out: str) -> None:
+    """The child process's work: the tokenizer as transformers converts it (with the family's chat template
+    where the file has none), saved, and what the verifier needs of it (``INFO_FILE``)."""
     from transformers import AutoTokenizer
 
     p = Path(path)
-    AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name).save_pretrained(out)
+    file = GgufFile(p)
+    tok = AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name)
+    arch = str(file.get("general.architecture", ""))
+    if not tok.chat_template and arch in FALLBACK_CHAT_TEMPLATES:
+        tok.chat_template = FALLBACK_CHAT_TEMPLATES[arch]
+    tok.save_pretrained(out)
+    info = TokenizerInfo.of(tok, eos_token_ids(file, tok))
+    # compact and ASCII-only (\u escapes): read back as a 1-byte-per-character string (262 k tokens: 12 MB)
+    (Path(out) / WIRE_FILE).write_text(json.dumps(json.loads(info.json()), ensure_ascii=True,
+                                                  separators=(",", ":")))
+    (Path(out) / INFO_FILE).write_text(json.dumps({
+        "vocab_hash": info.vocab_hash, "chat_template": info.chat_template, "bos_token": info.bos_token,
+        "eos_token": info.eos_token, "eos_token_ids": list(info.eos_token_ids)}))
 
 
 if __name__ == "__main__":      # the child process of tokenizer_dir

@@ -39,10 +39,10 @@ from tandem.draft_checks import check_draft, check_ids
 from tandem.models import model_device
 from tandem.sessions import SessionStore, check_session_id
 from tandem.types import DraftToken, ModelInfo, SamplingParams, VerifyOutcome
-from tandem.vocab import tokenizer_vocab_hash
 from verifier_service import fast_linear, static_decoder, torch_thread
 from verifier_service.decoder import Decoder
-from verifier_service.acceptance import accept_coupled, accept_greedy, accept_random, rejection_generator
+from verifier_service.info import TokenizerInfo
+from verifier_service.acceptance import accept_greedy, accept_random
 from verifier_service.kv_cache import TargetSession
 from verifier_service.warping import warp
 
@@ -116,13 +116,13 @@ class Target:
         "transformers" (the model's own forward), or "auto" (static where it can run and ``gemm`` is not
         "mkl"). ``fallback_reason``: why a GGUF file is served by transformers (the start-up line says it).
         ``phases``: loading phases already timed ({name: s}; ``load`` passes reading and the tokenizer)."""
-        from verifier_service.gguf_model import GgufModel
+        from verifier_service.gguf_model import GgufModel, eos_token_ids
 
         if decoder not in ("auto", "static", "transformers"):
             raise ValueError(f"decoder must be 'auto', 'static' or 'transformers', not {decoder!r}")
         self.gguf = model if isinstance(model, GgufModel) else None
         self._model = None if self.gguf is not None else model
-        self.tokenizer = tokenizer
+        self._tokenizer = tokenizer
         self.phases = dict(phases or {})
         self.gemm_choice: fast_linear.GemmChoice | None = None
         self.decoder: Decoder | None = None
@@ -136,7 +136,8 @@ class Target:
             self.decoder = self.gguf.decoder(exact_rows=exact_rows, gemm="auto" if gemm == GGUF else gemm,
                                              widths=self.widths)
             self.vocab_size = self.decoder.spec.vocab
-            eos_ids = self.gguf.eos_token_ids(tokenizer)
+            self.tokenizer_info = (self.gguf.tokenizer_info() if tokenizer is None else
+                                   TokenizerInfo.of(tokenizer, eos_token_ids(self.gguf.file, tokenizer)))
             max_context = self.decoder.spec.context
             self.path = (f"GGUF fast path: {self.gguf.describe()}, ISA {getattr(self.decoder.ops, 'isa', 'torch')}, "
                          f"{self.decoder.spec.describe()}")
@@ -147,6 +148,7 @@ class Target:
             eos_ids = tuple(sorted({int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])
                                     if e is not None}))
             self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+            self.tokenizer_info = TokenizerInfo.of(tokenizer, eos_ids)
             max_context = int(getattr(config, "max_position_embeddings", 2048))
             if gemm == GGUF:
                 raise ValueError("gemm='gguf' runs a GGUF file's blocks: load the target from its .gguf file")
@@ -159,8 +161,8 @@ class Target:
             self.path = (f"{'decoder' if self.decoder else 'transformers'} on {self.device.type} {str(dtype)[6:]}"
                          f" weights: {fallback_reason or why_not or 'a Hugging Face model'}")
         self.info = ModelInfo(model_name=name, vocab_size=self.vocab_size,
-                              vocab_hash=tokenizer_vocab_hash(tokenizer), max_context=max_context,
-                              eos_token_ids=eos_ids)
+                              vocab_hash=self.tokenizer_info.vocab_hash, max_context=max_context,
+                              eos_token_ids=self.tokenizer_info.eos_token_ids)
         self.sessions: SessionStore[TargetSession] = SessionStore(session_ttl_s, max_sessions=max_sessions,
                                                                  what="verifier session",
                                                                  size_of=TargetSession.kv_bytes)
@@ -193,6 +195,14 @@ class Target:
         self.warmup_s = time.perf_counter() - t_warm
         if warmup:
             self.phases["measuring widths"] = self.warmup_s
+
+    @property
+    def tokenizer(self):
+        """The target's tokenizer (for a GGUF target loaded on first use: the verifier itself needs only
+        ``tokenizer_info``)."""
+        if self._tokenizer is None:
+            self._tokenizer = self.gguf.tokenizer()
+        return self._tokenizer
 
     @property
     def model(self):
@@ -282,9 +292,9 @@ class Target:
             if not reason:
                 print(f"[tandem] loading {loc.name} from {gguf.path} (GGUF fast path) ...", file=sys.stderr, flush=True)
                 t0 = time.perf_counter()
-                tokenizer = gguf.tokenizer()
+                gguf.tokenizer_info()                     # converted once per file, then read from the cache
                 phases = {"reading the file": read_s, "tokenizer": time.perf_counter() - t0}
-                return cls(gguf, tokenizer, loc.name, phases=phases, **kw)
+                return cls(gguf, None, loc.name, phases=phases, **kw)
             if kw.get("decoder") == "static":
                 raise ValueError(f"decoder='static' cannot run {loc.name}: {reason}")
             gguf.file.close()
@@ -315,11 +325,6 @@ class Target:
         draft_ids = [t.token_id for t in draft]
         if session.sampling.greedy:
             return accept_greedy(logits, draft_ids)
-        if session.sampling.coupled:
-            # Row 0 predicts the token after the sequence so far: the cached tokens and the pending one
-            # (none yet at the prefill, where pending_token is still -1).
-            first_position = session.length + (1 if session.pending_token >= 0 else 0)
-            return accept_coupled(logits, draft_ids, session.sampling, first_position)
         target_probs = warp(logits, session.sampling)                                      # [k+1, V]
         draft_probs = torch.zeros(len(draft), target_probs.shape[-1])                     # [k, V] q, dense
         for i, tok in enumerate(draft):
@@ -348,7 +353,8 @@ class Target:
         if not 0 <= max_draft_length <= self.max_block:
             raise ValueError(f"max_draft_length must be between 0 (the verifier's limit) and {self.max_block}, "
                              f"got {max_draft_length}")
-        generator = None if sampling.greedy or sampling.coupled else rejection_generator()
+        generator = torch.Generator()
+        generator.manual_seed(sampling.seed if sampling.seed is not None else int(torch.seed()))
         session = TargetSession(session_id, self._new_cache(), 0, -1, sampling, generator,
                                 max_block=max_draft_length or self.max_block)
         chunk = self.prefill_chunk or len(prompt_ids)

@@ -2,7 +2,7 @@
 [n, out]), ``rows(ids)`` (exact rows of W: the embedding lookup), ``nbytes``, ``kind``.
 
   * ``BlockWeight``: a GGUF tensor as its blocks, read where they lie in the file's memory map by the C
-    kernels (``native``: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K) for up to ``WIDE_ROWS`` rows: every row
+    kernels (``native``: F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K) for up to ``WIDE_ROWS`` rows: every row
     runs the same code, so a row's result does not depend on the block width. Wider inputs (prefill
     chunks, compute-bound) dequantize ``CHUNK_WEIGHTS`` weights at a time into a scratch tensor and run
     torch's GEMM on it: no fp32 copy of the weight is kept.
@@ -28,7 +28,7 @@ from verifier_service import native
 
 WIDE_ROWS = 32                 # more rows than this: dequantize-and-GEMM (see the module docstring)
 CHUNK_WEIGHTS = 1 << 22        # weights dequantized at a time on that path (16 MB of fp32 scratch)
-KERNEL_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+KERNEL_KINDS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 def dequantize(kind: str, raw: np.ndarray, out: int, inner: int) -> torch.Tensor:
@@ -189,14 +189,14 @@ def has_kernel(kind: str, inner: int) -> bool:
 
     lib = native.library()
     return (kind in KERNEL_KINDS and lib is not None and hasattr(lib, "dequantize_rows")
-            and inner % block_geometry(kind)[0] == 0)
+            and inner % block_geometry(kind)[0] == 0 and inner % 32 == 0)
 
 
 def from_gguf(kind: str, raw: np.ndarray, out: int, inner: int) -> Weight:
     """The weight for a GGUF tensor: its blocks where a kernel reads them here, else its values in fp32
     (``DenseWeight``, a copy: the caller may drop the map's pages)."""
-    if kind in ("F32", "F16"):
-        return DenseWeight(torch.from_numpy(np.array(raw, dtype=np.float32)).reshape(out, inner), kind)
     if has_kernel(kind, inner):
         return BlockWeight(kind, raw, out, inner)
+    if kind in ("F32", "F16"):
+        return DenseWeight(torch.from_numpy(np.array(raw, dtype=np.float32)).reshape(out, inner), kind)
     return DenseWeight(dequantize(kind, raw, out, inner), kind)

