@@ -42,7 +42,7 @@ from tandem.types import DraftToken, ModelInfo, SamplingParams, VerifyOutcome
 from verifier_service import fast_linear, static_decoder, torch_thread
 from verifier_service.decoder import Decoder
 from verifier_service.info import TokenizerInfo
-from verifier_service.acceptance import accept_greedy, accept_random
+from verifier_service.acceptance import accept_coupled, accept_greedy, accept_random, rejection_generator
 from verifier_service.kv_cache import TargetSession
 from verifier_service.warping import warp
 
@@ -325,6 +325,11 @@ class Target:
         draft_ids = [t.token_id for t in draft]
         if session.sampling.greedy:
             return accept_greedy(logits, draft_ids)
+        if session.sampling.coupled:
+            # Row 0 predicts the token after the sequence so far: the cached tokens and the pending one
+            # (none yet at the prefill, where pending_token is still -1).
+            first_position = session.length + (1 if session.pending_token >= 0 else 0)
+            return accept_coupled(logits, draft_ids, session.sampling, first_position)
         target_probs = warp(logits, session.sampling)                                      # [k+1, V]
         draft_probs = torch.zeros(len(draft), target_probs.shape[-1])                     # [k, V] q, dense
         for i, tok in enumerate(draft):
@@ -353,8 +358,7 @@ class Target:
         if not 0 <= max_draft_length <= self.max_block:
             raise ValueError(f"max_draft_length must be between 0 (the verifier's limit) and {self.max_block}, "
                              f"got {max_draft_length}")
-        generator = torch.Generator()
-        generator.manual_seed(sampling.seed if sampling.seed is not None else int(torch.seed()))
+        generator = None if sampling.greedy or sampling.coupled else rejection_generator()
         session = TargetSession(session_id, self._new_cache(), 0, -1, sampling, generator,
                                 max_block=max_draft_length or self.max_block)
         chunk = self.prefill_chunk or len(prompt_ids)
