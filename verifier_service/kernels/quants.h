@@ -79,7 +79,8 @@ static inline float tq_half_to_float(uint16_t h) {
     const uint32_t two_w = w + w;
     const float normalized = tq_f32_bits((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
     const float denormalized = tq_f32_bits((two_w >> 17) | (126u << 23)) - 0.5f;
-    const uint32_t bits = two_w < (1u << 27) ? tq_bits_f32(denormalized) : tq_bits_f32(normalized);
+    const uint32_t small = 0u - (uint32_t)(two_w < (1u << 27));          /* all ones for zeros and subnormals */
+    const uint32_t bits = (tq_bits_f32(denormalized) & small) | (tq_bits_f32(normalized) & ~small);
     return tq_f32_bits(sign | bits);
 }
 
@@ -148,13 +149,14 @@ static inline void tq_dequant_q8_0(const uint8_t *b, float *y) {
 static inline void tq_dequant_q4_K(const uint8_t *b, float *y) {
     const float d = tq_half_to_float(tq_u16(b)), dmin = tq_half_to_float(tq_u16(b + 2));
     const uint8_t *scales = b + offsetof(block_q4_K, scales), *qs = b + offsetof(block_q4_K, qs);
-    for (int j = 0; j < QK_K / 32; j++) {            /* sub-block j: bytes qs[32 (j / 2)..], nibble j % 2 */
-        uint8_t sc, m;
-        tq_scale_min_k4(j, scales, &sc, &m);
-        const float dsc = d * (float)sc, dm = dmin * (float)m;
-        const uint8_t *q = qs + (j / 2) * 32;
-        const int shift = (j % 2) * 4;
-        for (int l = 0; l < 32; l++) y[j * 32 + l] = dsc * (float)((q[l] >> shift) & 0x0F) - dm;
+    for (int g = 0; g < QK_K / 64; g++) {            /* sub-blocks 2g, 2g + 1: low, high nibbles of qs[32 g..] */
+        uint8_t sc0, m0, sc1, m1;
+        tq_scale_min_k4(2 * g, scales, &sc0, &m0);
+        tq_scale_min_k4(2 * g + 1, scales, &sc1, &m1);
+        const float d0 = d * (float)sc0, dm0 = dmin * (float)m0, d1 = d * (float)sc1, dm1 = dmin * (float)m1;
+        const uint8_t *q = qs + 32 * g;
+        for (int l = 0; l < 32; l++) y[64 * g + l] = d0 * (float)(q[l] & 0x0F) - dm0;
+        for (int l = 0; l < 32; l++) y[64 * g + 32 + l] = d1 * (float)(q[l] >> 4) - dm1;
     }
 }
 
@@ -180,12 +182,16 @@ static inline void tq_dequant_q6_K(const uint8_t *b, float *y) {
     const uint8_t *ql = b + offsetof(block_q6_K, ql), *qh = b + offsetof(block_q6_K, qh);
     const int8_t *scales = (const int8_t *)(b + offsetof(block_q6_K, scales));
     /* weight i = 128 h + 32 t + l (h: half, t: 0..3, l: 0..31): low 4 bits from ql[64 h + 32 (t % 2) + l]
-       (nibble t / 2), high 2 bits from qh[32 h + l] (bits 2t, 2t + 1); sub-block i / 16 */
-    for (int i = 0; i < QK_K; i++) {
-        const int h = i / 128, t = (i / 32) % 4, l = i % 32;
-        const int lo = (ql[64 * h + 32 * (t % 2) + l] >> (4 * (t / 2))) & 0x0F;
-        const int hi = (qh[32 * h + l] >> (2 * t)) & 3;
-        y[i] = (d * (float)scales[i / 16]) * (float)((lo | (hi << 4)) - 32);
+       (nibble t / 2), high 2 bits from qh[32 h + l] (bits 2t, 2t + 1); sub-block i / 16. Runs of 16 weights
+       (one sub-block, constant shifts: the inner loop vectorises) */
+    for (int sub = 0; sub < QK_K / 16; sub++) {
+        const int h = sub / 8, t = (sub / 2) % 4, l0 = 16 * (sub % 2);
+        const float ds = d * (float)scales[sub];
+        const uint8_t *lo = ql + 64 * h + 32 * (t % 2) + l0, *hi = qh + 32 * h + l0;
+        for (int l = 0; l < 16; l++) {
+            const int q = ((lo[l] >> (4 * (t / 2))) & 0x0F) | (((hi[l] >> (2 * t)) & 3) << 4);
+            y[16 * sub + l] = ds * (float)(q - 32);
+        }
     }
 }
 
