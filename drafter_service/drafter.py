@@ -123,7 +123,8 @@ class ContextDrafter(Drafter):
                     min_confidence: float = 0.0, *, offset: int = 0) -> list[DraftToken]:
         """Drafts up to k tokens continuing ``context`` (which may end with tokens another drafter guessed,
         e.g. lookup tokens: ``state.context`` is the real one). ``offset``: tokens of the block before these
-        (the confidence stop never cuts the block's first token). Returns at least one token."""
+        (the confidence stop never cuts the block's first token). Returns at least one token, except a
+        model-free kind with nothing to offer (suffix drafting: an empty block, verified as a plain step)."""
 
     def check_tokens(self, state: DraftState, context: list[int], tokens: list[int], decide: Decide) -> int:
         """Scores ``tokens`` as a continuation of ``context``: ``decide(top_ids, top_probs)`` is called with the
@@ -164,7 +165,7 @@ class ContextDrafter(Drafter):
         if prefix_length < 0:
             raise InvalidInput(f"prefix_length must be >= 0, got {prefix_length}")
         appended = [int(t) for t in appended_tokens]
-        check_ids(appended, self.info.vocab_size, "appended_tokens")
+        check_ids(appended, self.info.vocab_size or 2**31 - 1, "appended_tokens")     # 0: model-free, any id
 
         what = self.sessions.what
         if prefix_length > 0:

@@ -7,9 +7,15 @@ Kinds (``drafter.json`` ``"kind"``; a file without one, or a bare .onnx without 
 
 * ``"model"``: an ONNX decoder-with-past (drafter_service.model_drafter.ModelDrafter).
 
-Prompt lookup is a serving option, not a kind of artifact: ``lookup_max_ngram`` > 0 wraps whatever
-the kind built in drafter_service.lookup_drafter.LookupDrafter. A new kind (e.g. a drafter fed the
-target's hidden states) registers a loader with ``register_kind`` and derives from
+Model-free kinds need no files: ``load_drafter("suffix")`` builds the suffix drafter with no model
+(drafter_service.suffix_drafter.SuffixDrafter), which serves any target; ``suffix_scope`` and
+``suffix_memory_tokens`` configure it (prompt lookup's options do not apply: its per-session view
+over the prompt and output does that job, with frequencies).
+
+Prompt lookup and suffix drafting are serving options of a model kind, not kinds of artifact:
+``lookup_max_ngram`` > 0 wraps whatever the kind built in drafter_service.lookup_drafter.LookupDrafter,
+and ``suffix`` puts suffix drafting in front of that. A new kind (e.g. a drafter fed the target's
+hidden states) registers a loader with ``register_kind`` and derives from
 drafter_service.drafter.ContextDrafter; the servicer needs nothing else.
 """
 
@@ -24,6 +30,7 @@ from drafter_service.drafter import ContextDrafter, Drafter
 
 METADATA_FILE = "drafter.json"
 DEFAULT_KIND = "model"
+MODEL_FREE_KINDS = ("suffix",)      # built without files: the name given as the drafter
 
 _KINDS: dict[str, Callable[..., Drafter]] = {}
 
@@ -60,21 +67,36 @@ def drafter_kind(path: str | os.PathLike) -> str:
 
 
 def load_drafter(path: str | os.PathLike, *, lookup_max_ngram: int = 0, lookup_min_ngram: int = 2,
-                 lookup_trust_ngram: int = 1, lookup_check_confidence: float = 0.5, **options) -> Drafter:
+                 lookup_trust_ngram: int = 1, lookup_check_confidence: float = 0.5, suffix: bool = False,
+                 suffix_scope: str = "global", suffix_memory_tokens: int | None = None, **options) -> Drafter:
     """The drafter at ``path`` (a directory with drafter.json, or a model file), built by its kind's loader
     with ``options`` (for "model": threads, providers, support_size, session_ttl_s, max_sessions,
-    prefill_chunk); wrapped with prompt lookup when ``lookup_max_ngram`` > 0."""
+    prefill_chunk); wrapped with prompt lookup when ``lookup_max_ngram`` > 0, and with suffix drafting in
+    front when ``suffix`` is set and ``suffix_scope`` is not "off". ``path`` "suffix": the model-free
+    suffix drafter (``session_ttl_s`` and ``max_sessions`` apply; model and lookup options are ignored)."""
+    from drafter_service.suffix import DEFAULT_MEMORY_TOKENS
+    from drafter_service.suffix_drafter import SuffixDrafter, check_scope
+
+    check_scope(suffix_scope)
+    memory = DEFAULT_MEMORY_TOKENS if suffix_memory_tokens is None else int(suffix_memory_tokens)
+    if str(path) in MODEL_FREE_KINDS:
+        sessions = {k: options[k] for k in ("session_ttl_s", "max_sessions") if k in options}
+        return SuffixDrafter(None, scope=suffix_scope, memory_tokens=memory, **sessions)
     kind = drafter_kind(path)
     loader = _KINDS.get(kind)
     if loader is None:
-        raise ValueError(f"{path}: unknown drafter kind {kind!r} (known: {', '.join(kinds())})")
+        known = ", ".join(kinds() + list(MODEL_FREE_KINDS))
+        raise ValueError(f"{path}: unknown drafter kind {kind!r} (known: {known})")
     drafter = loader(path, **options)
+    wrappers = (lookup_max_ngram and lookup_max_ngram > 0) or (suffix and suffix_scope != "off")
+    if wrappers and not isinstance(drafter, ContextDrafter):
+        raise ValueError(f"prompt lookup and suffix drafting need a drafter that keeps each session's context; "
+                         f"kind {kind!r} does not: serve it with both off (--lookup-ngram 0, --suffix off)")
     if lookup_max_ngram and lookup_max_ngram > 0:
-        if not isinstance(drafter, ContextDrafter):
-            raise ValueError(f"prompt lookup needs a drafter that keeps each session's context; kind {kind!r} "
-                             "does not: serve it with lookup off (lookup_max_ngram 0)")
         from drafter_service.lookup_drafter import LookupDrafter
 
         drafter = LookupDrafter(drafter, max_ngram=lookup_max_ngram, min_ngram=lookup_min_ngram,
                                 trust_ngram=lookup_trust_ngram, check_confidence=lookup_check_confidence)
+    if suffix and suffix_scope != "off":
+        drafter = SuffixDrafter(drafter, scope=suffix_scope, memory_tokens=memory)
     return drafter

@@ -154,12 +154,12 @@ class Gateway:
             except DrafterUnavailable as exc:
                 self.mark_drafter_down(str(exc))
                 return None
-            if info.vocab_hash != self.target.vocab_hash:
+            if not info.model_free and info.vocab_hash != self.target.vocab_hash:    # model-free: any target
                 raise IncompatibleDrafter(
                     f"the drafter ({info.model_name}, vocab {info.vocab_size}, {info.vocab_hash[:19]}…) does not "
                     f"share the target's vocabulary ({self.target.model_name}, vocab {self.target.vocab_size}, "
-                    f"{self.target.vocab_hash[:19]}…): export a drafter with the target's tokenizer, or use "
-                    "--no-speculation")
+                    f"{self.target.vocab_hash[:19]}…): export a drafter with the target's tokenizer, serve the "
+                    "model-free drafter (tandem serve-drafter --drafter suffix), or use --no-speculation")
             self._drafter_info = info
             await self._ping_drafter()
         self._drafter_down_since = None
@@ -210,7 +210,7 @@ class Gateway:
                 self.drafter_down_reason = f"drafter probe failed: {exc!r}"
                 delay = min(delay * 2, self.config.drafter_retry_max_s)
                 continue
-            self._drafter_info = info if info.vocab_hash == self.target.vocab_hash else None
+            self._drafter_info = info if info.model_free or info.vocab_hash == self.target.vocab_hash else None
             self._drafter_down_since = None
             self.drafter_down_reason = ""
 

@@ -22,12 +22,13 @@ def sampling_to_pb(params: SamplingParams) -> common_pb2.SamplingParams:
 
 
 def draft_from_pb(tokens: Iterable[common_pb2.DraftToken]) -> list[DraftToken]:
-    return [DraftToken(t.token_id, tuple(t.support_ids), tuple(t.support_probs), t.from_lookup) for t in tokens]
+    return [DraftToken(t.token_id, tuple(t.support_ids), tuple(t.support_probs), t.from_lookup, t.origin)
+            for t in tokens]
 
 
 def draft_to_pb(tokens: Iterable[DraftToken]) -> list[common_pb2.DraftToken]:
     return [common_pb2.DraftToken(token_id=t.token_id, support_ids=t.support_ids, support_probs=t.support_probs,
-                                  from_lookup=t.from_lookup)
+                                  from_lookup=t.from_lookup, origin=t.origin)
             for t in tokens]
 
 
@@ -36,14 +37,15 @@ def info_from_pb(msg: common_pb2.ModelInfo) -> ModelInfo:
     lookup = (LookupRule(rule.max_ngram, rule.min_ngram, rule.trust_ngram)
               if msg.HasField("lookup") and rule.max_ngram > 0 else None)
     return ModelInfo(msg.model_name, msg.vocab_size, msg.vocab_hash, msg.max_context, tuple(msg.eos_token_ids),
-                     lookup)
+                     lookup, msg.model_free)
 
 
 def info_to_pb(info: ModelInfo) -> common_pb2.ModelInfo:
     lookup = (common_pb2.LookupRule(max_ngram=info.lookup.max_ngram, min_ngram=info.lookup.min_ngram,
                                     trust_ngram=info.lookup.trust_ngram) if info.lookup is not None else None)
     return common_pb2.ModelInfo(model_name=info.model_name, vocab_size=info.vocab_size, vocab_hash=info.vocab_hash,
-                                max_context=info.max_context, eos_token_ids=list(info.eos_token_ids), lookup=lookup)
+                                max_context=info.max_context, eos_token_ids=list(info.eos_token_ids), lookup=lookup,
+                                model_free=info.model_free)
 
 
 def target_info_from_pb(msg: verifier_pb2.TargetInfo) -> TargetInfo:

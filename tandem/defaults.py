@@ -36,12 +36,20 @@ CACHE_DIR = Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem
 SELF_DRAFTER = CACHE_DIR / "drafters" / "smollm2-135m-instruct-self"
 
 
-def resolve_drafter(spec: str | None) -> Path:
-    """'default' (or empty) -> the default drafter's directory; anything else is a path used as is."""
+MODEL_FREE_DRAFTERS = ("suffix",)   # drafters with no model: served by name (drafter_service.factory)
+
+
+def resolve_drafter(spec: str | None) -> Path | str:
+    """'default' (or empty) -> the default drafter's directory; 'suffix' -> itself (the model-free drafter,
+    no files; a file or folder of that name in the working directory is not looked at); anything else is a
+    path used as is."""
+    if spec in MODEL_FREE_DRAFTERS:
+        return spec
     if spec and spec != "default":
         path = Path(spec).expanduser()
         if not path.exists():
-            raise FileNotFoundError(f"drafter {spec!r} not found (give an .onnx file or a directory holding model.onnx)")
+            raise FileNotFoundError(f"drafter {spec!r} not found (give an .onnx file or a directory holding model.onnx, "
+                                "or 'suffix' for the model-free drafter)")
         return path
     if (SHIPPED_DRAFTER / "model.onnx").exists():
         return SHIPPED_DRAFTER

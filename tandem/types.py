@@ -47,13 +47,20 @@ class DraftToken:
     """One proposed token and, for sampled drafts, the distribution q it was drawn from.
 
     ``support_ids``/``support_probs`` give q on its support (q is 0 elsewhere); both are empty for
-    greedy drafts, where only the token id matters.
+    greedy drafts, where only the token id matters. ``from_lookup``: the token was copied, not drawn
+    from a model (q a point mass); ``origin`` says from where: "lookup" (prompt lookup, the default for a
+    copied token) or "suffix" (suffix drafting over the drafter's traffic); "" for a model's draft.
     """
 
     token_id: int
     support_ids: tuple[int, ...] = ()
     support_probs: tuple[float, ...] = ()
-    from_lookup: bool = False       # copied from the context by prompt lookup (q a point mass)
+    from_lookup: bool = False       # copied (prompt lookup, suffix drafting): q a point mass
+    origin: str = ""                # "" (a model's draft), "lookup" or "suffix"
+
+    def __post_init__(self):
+        if self.from_lookup and not self.origin:
+            object.__setattr__(self, "origin", "lookup")
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,7 @@ class ModelInfo:
     max_context: int
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     lookup: "LookupRule | None" = None    # a drafter's prompt lookup (None: none, or a verifier)
+    model_free: bool = False              # a drafter with no model (suffix drafting): serves any vocabulary
 
 
 @dataclass(frozen=True)

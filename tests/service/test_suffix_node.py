@@ -1,0 +1,118 @@
+"""The model-free drafter node (suffix drafting, no model) over real gRPC with the tiny target: it says it is
+model-free, may propose nothing, learns the traffic it serves, and the gateway speculates with it for any
+target, greedy output token-identical to plain decoding."""
+
+import grpc
+import pytest
+
+from harness import LoopThread, Stack
+from tandem.pb import common_pb2, drafter_grpc, drafter_pb2, gateway_pb2
+from tiny_models import make_tiny_model
+
+PROMPT = "w1 w5 w9 w20 w5 w9"
+
+
+def request(**kw):
+    kw.setdefault("max_tokens", 32)
+    kw.setdefault("ignore_eos", True)
+    return gateway_pb2.GenerateRequest(**kw)
+
+
+def suffix_node(inner=None):
+    from drafter_service.suffix_drafter import SuffixDrafter
+
+    return SuffixDrafter(inner)
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_target_dir):
+    from verifier_service.target import Target
+
+    s = Stack(Target.load(str(tiny_target_dir)), suffix_node())
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def node():
+    """The model-free node alone (a server of its own: ids sent here must not reach other tests' targets)."""
+    from drafter_service.server import start_drafter
+
+    lt = LoopThread()
+    service = lt.run(start_drafter(suffix_node()))
+    channel = grpc.insecure_channel(f"127.0.0.1:{service.port}")
+    yield drafter_grpc.DrafterStub(channel)
+    channel.close()
+    lt.run(service.stop(0))
+    lt.close()
+
+
+def test_the_node_is_model_free_and_proposes_suffix_copies_or_nothing(node):
+    info = node.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
+    assert info.model_free and info.vocab_size == 0 and info.vocab_hash == "" and info.model_name == "suffix"
+    propose = lambda sid, prefix, tokens, **kw: node.Propose(drafter_pb2.ProposeRequest(  # noqa: E731
+        session_id=sid, prefix_length=prefix, appended_tokens=tokens, k=4, session_token="t", **kw), timeout=10)
+    assert list(propose("n1", 0, [1, 40000, 41000]).tokens) == []           # nothing seen: an empty block
+    reply = propose("n1", 3, [42000, 43000, 1, 40000],
+                    sampling=common_pb2.SamplingParams(temperature=1.0, seed=1, has_seed=True))
+    assert [(t.token_id, t.from_lookup, t.origin, list(t.support_ids), list(t.support_probs)) for t in reply.tokens] \
+        == [(t, True, "suffix", [t], [1.0]) for t in (41000, 42000)]          # a 2-token match: 2 tokens at most
+    with pytest.raises(grpc.RpcError) as err:
+        propose("n2", 0, [-5, 3])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("draft_length", [4, 0])
+def test_greedy_output_is_plain_decodings_and_repeated_traffic_is_drafted(stack, draft_length):
+    """Pinned k and auto: the first request drafts from its own text only, the second one (the same prompt:
+    repeated traffic) from the first one's output too; every output is plain decoding's."""
+    prompt = f"{PROMPT} w{30 + draft_length}"
+    plain = stack.gateway_stub.Generate(request(prompt=prompt, no_speculation=True), timeout=60)
+    first = stack.gateway_stub.Generate(request(prompt=prompt, draft_length=draft_length), timeout=60)
+    again = stack.gateway_stub.Generate(request(prompt=prompt, draft_length=draft_length), timeout=60)
+    for reply in (first, again):
+        assert list(reply.token_ids) == list(plain.token_ids)
+        assert reply.stats.speculative and not reply.stats.fallback_reason and reply.stats.draft_model == "suffix"
+    if draft_length:            # auto may keep stepping plainly on a tiny model whose steps cost next to nothing
+        assert again.stats.accepted >= len(plain.token_ids) // 2 and again.stats.rounds < first.stats.rounds
+
+
+@pytest.mark.parametrize("node", ["model", "model-free"])
+def test_a_target_no_model_drafter_shares_speculates_with_the_model_free_node(tmp_path, tiny_drafter_onnx, node):
+    """A target with another vocabulary (80 words, another hash): the model drafter is refused, and the error
+    names the model-free node; the model-free node speculates, output identical to plain decoding."""
+    from drafter_service.onnx_drafter import OnnxDrafter
+    from verifier_service.target import Target
+
+    target = Target.load(str(make_tiny_model(tmp_path / "t80", seed=3, vocab_size=80)))
+    s = Stack(target, OnnxDrafter(tiny_drafter_onnx, threads=1) if node == "model" else suffix_node())
+    try:
+        prompt = "w70 w71 w3 w75 w70 w71"
+        plain = s.gateway_stub.Generate(request(prompt=prompt, no_speculation=True), timeout=60)
+        if node == "model":
+            with pytest.raises(grpc.RpcError) as err:
+                s.gateway_stub.Generate(request(prompt=prompt), timeout=30)
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "vocabulary" in err.value.details() and "--drafter suffix" in err.value.details()
+            return
+        for _ in range(2):
+            spec = s.gateway_stub.Generate(request(prompt=prompt), timeout=60)
+            assert list(spec.token_ids) == list(plain.token_ids) and spec.stats.speculative
+        assert spec.stats.accepted > 0 and max(plain.token_ids) >= 64            # ids past the other vocabulary
+    finally:
+        s.close()
+
+
+def test_suffix_in_front_of_the_model_keeps_greedy_output(tiny_target_dir, tiny_drafter_onnx):
+    from drafter_service.onnx_drafter import OnnxDrafter
+    from verifier_service.target import Target
+
+    s = Stack(Target.load(str(tiny_target_dir)), suffix_node(OnnxDrafter(tiny_drafter_onnx, threads=1,
+                                                                         lookup_max_ngram=4, lookup_min_ngram=1)))
+    try:
+        plain = s.gateway_stub.Generate(request(prompt=PROMPT, no_speculation=True), timeout=60)
+        for _ in range(2):
+            spec = s.gateway_stub.Generate(request(prompt=PROMPT, draft_length=4), timeout=60)
+            assert list(spec.token_ids) == list(plain.token_ids) and spec.stats.draft_model.endswith("+suffix")
+    finally:
+        s.close()
