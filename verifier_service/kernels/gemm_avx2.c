@@ -120,14 +120,11 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
         case TQ_Q4_K:
         case TQ_Q5_K: {                                   /* sub-block j: (d * sc) * q - dmin * m */
             const int five_bit = kind == TQ_Q5_K;
-            const float d = half(blk), dmin = half(blk + 2);
-            const uint8_t *scales = blk + offsetof(block_q4_K, scales);
-            const uint8_t *qh = blk + offsetof(block_q5_K, qh);
-            const uint8_t *qs = blk + (five_bit ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs));
+            tq_k4_block k4;
+            tq_k4_decode(kind, blk, &k4);
+            const uint8_t *qs = k4.qs, *qh = k4.qh;
             for (int j = 0; j < 8; j++) {
-                uint8_t sc, m;
-                tq_scale_min_k4(j, scales, &sc, &m);
-                const __m256 vdsc = _mm256_set1_ps(d * (float)sc), vdm = _mm256_set1_ps(dmin * (float)m);
+                const __m256 vdsc = _mm256_set1_ps(k4.dsc[j]), vdm = _mm256_set1_ps(k4.dm[j]);
                 const uint8_t *q = qs + (j / 2) * 32;
                 for (int k = 0; k < 4; k++) {
                     __m256i v = _mm256_and_si256(_mm256_srli_epi32(u8x8(q + 8 * k), 4 * (j % 2)), nib);

@@ -97,6 +97,22 @@ static inline void tq_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t
     }
 }
 
+/* A Q4_K / Q5_K super-block's sub-block scales d * sc[j] and offsets dmin * m[j] (both exact: 11-bit by
+   6-bit mantissas), and where its 4-bit (qs) and fifth-bit (qh, Q5_K) arrays start. */
+typedef struct { float dsc[8], dm[8]; const uint8_t *qs, *qh; } tq_k4_block;
+
+static inline void tq_k4_decode(int kind, const uint8_t *b, tq_k4_block *k) {
+    const float d = tq_half_to_float(tq_u16(b)), dmin = tq_half_to_float(tq_u16(b + 2));
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        tq_scale_min_k4(j, b + offsetof(block_q4_K, scales), &sc, &m);
+        k->dsc[j] = d * (float)sc;
+        k->dm[j] = dmin * (float)m;
+    }
+    k->qs = b + (kind == TQ_Q5_K ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs));
+    k->qh = b + offsetof(block_q5_K, qh);
+}
+
 /* ---- one block -> its weights, as gguf-py computes them -------------------------------------------- */
 static inline void tq_dequant_q4_0(const uint8_t *b, float *y) {
     const float d = tq_half_to_float(tq_u16(b));
@@ -147,32 +163,24 @@ static inline void tq_dequant_q8_0(const uint8_t *b, float *y) {
 }
 
 static inline void tq_dequant_q4_K(const uint8_t *b, float *y) {
-    const float d = tq_half_to_float(tq_u16(b)), dmin = tq_half_to_float(tq_u16(b + 2));
-    const uint8_t *scales = b + offsetof(block_q4_K, scales), *qs = b + offsetof(block_q4_K, qs);
+    tq_k4_block k;
+    tq_k4_decode(TQ_Q4_K, b, &k);
     for (int g = 0; g < QK_K / 64; g++) {            /* sub-blocks 2g, 2g + 1: low, high nibbles of qs[32 g..] */
-        uint8_t sc0, m0, sc1, m1;
-        tq_scale_min_k4(2 * g, scales, &sc0, &m0);
-        tq_scale_min_k4(2 * g + 1, scales, &sc1, &m1);
-        const float d0 = d * (float)sc0, dm0 = dmin * (float)m0, d1 = d * (float)sc1, dm1 = dmin * (float)m1;
-        const uint8_t *q = qs + 32 * g;
-        for (int l = 0; l < 32; l++) y[64 * g + l] = d0 * (float)(q[l] & 0x0F) - dm0;
-        for (int l = 0; l < 32; l++) y[64 * g + 32 + l] = d1 * (float)(q[l] >> 4) - dm1;
+        const uint8_t *q = k.qs + 32 * g;
+        for (int l = 0; l < 32; l++) y[64 * g + l] = k.dsc[2 * g] * (float)(q[l] & 0x0F) - k.dm[2 * g];
+        for (int l = 0; l < 32; l++) y[64 * g + 32 + l] = k.dsc[2 * g + 1] * (float)(q[l] >> 4) - k.dm[2 * g + 1];
     }
 }
 
 static inline void tq_dequant_q5_K(const uint8_t *b, float *y) {
-    const float d = tq_half_to_float(tq_u16(b)), dmin = tq_half_to_float(tq_u16(b + 2));
-    const uint8_t *scales = b + offsetof(block_q5_K, scales), *qh = b + offsetof(block_q5_K, qh);
-    const uint8_t *qs = b + offsetof(block_q5_K, qs);
+    tq_k4_block k;
+    tq_k4_decode(TQ_Q5_K, b, &k);
     for (int j = 0; j < QK_K / 32; j++) {            /* as Q4_K, plus bit j of qh[l] as the fifth bit */
-        uint8_t sc, m;
-        tq_scale_min_k4(j, scales, &sc, &m);
-        const float dsc = d * (float)sc, dm = dmin * (float)m;
-        const uint8_t *q = qs + (j / 2) * 32;
+        const uint8_t *q = k.qs + (j / 2) * 32;
         const int shift = (j % 2) * 4;
         for (int l = 0; l < 32; l++) {
-            const int v = ((q[l] >> shift) & 0x0F) | (((qh[l] >> j) & 1) << 4);
-            y[j * 32 + l] = dsc * (float)v - dm;
+            const int v = ((q[l] >> shift) & 0x0F) | (((k.qh[l] >> j) & 1) << 4);
+            y[j * 32 + l] = k.dsc[j] * (float)v - k.dm[j];
         }
     }
 }
