@@ -23,6 +23,14 @@
 static inline float half(const uint8_t *p) { return _cvtsh_ss(tq_u16(p)); }
 static inline __m128i load16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
 
+/* A Q4_1/Q5_1 block's d and m (two fp16 at p) broadcast: one 32-bit broadcast load, one conversion (lanes
+   alternate d, m), two in-lane shuffles. */
+static inline void half_pair(const uint8_t *p, __m512 *vd, __m512 *vm) {
+    const __m512 dm = _mm512_cvtph_ps(_mm256_set1_epi32((int)tq_u32(p)));
+    *vd = _mm512_shuffle_ps(dm, dm, 0x00);
+    *vm = _mm512_shuffle_ps(dm, dm, 0x55);
+}
+
 #define IOTA _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 #define IOTA16 _mm512_setr_ps(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31)
 
@@ -81,8 +89,9 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
             break;
         }
         case TQ_Q4_1: {                                   /* table[q] = (d * q) + m */
-            const __m512 table = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(half(blk)), IOTA),
-                                               _mm512_set1_ps(half(blk + 2)));
+            __m512 vd, vm;
+            half_pair(blk, &vd, &vm);
+            const __m512 table = _mm512_add_ps(_mm512_mul_ps(vd, IOTA), vm);
             const __m128i q = load16(blk + offsetof(block_q4_1, qs));
             FMA_ROWS(_mm512_permutexvar_ps(low_nibbles(q), table), _mm512_permutexvar_ps(high_nibbles(q), table),
                      b * 32);
@@ -91,10 +100,9 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
         case TQ_Q5_0:
         case TQ_Q5_1: {                                   /* 32-entry tables: q = nibble | qh bit << 4 */
             const int one = kind == TQ_Q5_1;
-            const __m512 vd = _mm512_set1_ps(half(blk));
-            __m512 t0, t1;
+            __m512 vd, vm, t0, t1;
+            half_pair(blk, &vd, &vm);                     /* Q5_0: vm is the first bytes of qh, unused */
             if (one) {                                    /* (d * q) + m */
-                const __m512 vm = _mm512_set1_ps(half(blk + 2));
                 t0 = _mm512_add_ps(_mm512_mul_ps(vd, IOTA), vm);
                 t1 = _mm512_add_ps(_mm512_mul_ps(vd, IOTA16), vm);
             } else {                                      /* d * (q - 16) */
