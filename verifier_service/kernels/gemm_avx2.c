@@ -117,20 +117,31 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
             FMA_ROWS(w, b * 32);
             break;
         }
-        case TQ_Q4_K:
-        case TQ_Q5_K: {                                   /* sub-block j: (d * sc) * q - dmin * m */
-            const int five_bit = kind == TQ_Q5_K;
+        case TQ_Q4_K: {                                   /* sub-block j: (d * sc) * q - dmin * m */
             tq_k4_block k4;
             tq_k4_decode(kind, blk, &k4);
-            const uint8_t *qs = k4.qs, *qh = k4.qh;
+            for (int g = 0; g < 4; g++) {                 /* sub-blocks 2g, 2g + 1: low, high nibbles of 32 bytes */
+                const __m256 d0 = _mm256_set1_ps(k4.dsc[2 * g]), m0 = _mm256_set1_ps(k4.dm[2 * g]);
+                const __m256 d1 = _mm256_set1_ps(k4.dsc[2 * g + 1]), m1 = _mm256_set1_ps(k4.dm[2 * g + 1]);
+                __m256i bytes[4];
+                for (int k = 0; k < 4; k++) bytes[k] = u8x8(k4.qs + 32 * g + 8 * k);
+                for (int k = 0; k < 4; k++) w[k] = _mm256_fmsub_ps(d0, f32(_mm256_and_si256(bytes[k], nib)), m0);
+                FMA_ROWS(w, b * QK_K + 64 * g);
+                for (int k = 0; k < 4; k++) w[k] = _mm256_fmsub_ps(d1, f32(_mm256_srli_epi32(bytes[k], 4)), m1);
+                FMA_ROWS(w, b * QK_K + 64 * g + 32);
+            }
+            break;
+        }
+        case TQ_Q5_K: {                                   /* sub-block j: (d * sc) * q - dmin * m, fifth bit qh */
+            tq_k4_block k4;
+            tq_k4_decode(kind, blk, &k4);
             for (int j = 0; j < 8; j++) {
                 const __m256 vdsc = _mm256_set1_ps(k4.dsc[j]), vdm = _mm256_set1_ps(k4.dm[j]);
-                const uint8_t *q = qs + (j / 2) * 32;
+                const uint8_t *q = k4.qs + (j / 2) * 32;
                 for (int k = 0; k < 4; k++) {
                     __m256i v = _mm256_and_si256(_mm256_srli_epi32(u8x8(q + 8 * k), 4 * (j % 2)), nib);
-                    if (five_bit)
-                        v = _mm256_or_si256(v, _mm256_slli_epi32(
-                            _mm256_and_si256(_mm256_srli_epi32(u8x8(qh + 8 * k), j), _mm256_set1_epi32(1)), 4));
+                    v = _mm256_or_si256(v, _mm256_slli_epi32(
+                        _mm256_and_si256(_mm256_srli_epi32(u8x8(k4.qh + 8 * k), j), _mm256_set1_epi32(1)), 4));
                     w[k] = _mm256_fmsub_ps(vdsc, f32(v), vdm);          /* (d * sc) * q exact */
                 }
                 FMA_ROWS(w, b * QK_K + j * 32);
