@@ -1,13 +1,12 @@
-"""The client-facing gRPC servicer: GenerateRequest -> GenerateParams, Steps -> replies. Nothing else."""
+"""The client-facing gRPC servicer: GenerateRequest -> GenerateParams, Steps -> replies. Nothing else: errors
+become status codes in ``tandem.serving`` (one table, ``tandem.errors``)."""
 
 from __future__ import annotations
 
 import contextlib
 
-import grpc
-
 from gateway.clients import set_request_deadline
-from gateway.engine import Gateway, GenerateParams, IncompatibleDrafter, Overloaded
+from gateway.engine import Gateway, GenerateParams
 from gateway.stats import RequestStats
 from tandem.convert import round_to_pb, sampling_from_pb
 from tandem.pb import gateway_grpc, gateway_pb2
@@ -37,8 +36,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         stats = RequestStats()
         token_ids: list[int] = []
         text: list[str] = []
-        async with _errors_to_status(context), self.gateway.admit(), \
-                contextlib.aclosing(self.gateway.generate(params, stats)) as steps:
+        set_request_deadline(context.time_remaining())     # upstream calls end before the client's deadline
+        async with self.gateway.admit(), contextlib.aclosing(self.gateway.generate(params, stats)) as steps:
             async for step in steps:
                 token_ids.extend(step.token_ids)
                 text.append(step.text)
@@ -50,8 +49,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         params = params_from_pb(request)
         stats = RequestStats()
         token_ids: list[int] = []
-        async with _errors_to_status(context), self.gateway.admit(), \
-                contextlib.aclosing(self.gateway.generate(params, stats)) as steps:
+        set_request_deadline(context.time_remaining())
+        async with self.gateway.admit(), contextlib.aclosing(self.gateway.generate(params, stats)) as steps:
             async for step in steps:
                 token_ids.extend(step.token_ids)
                 yield gateway_pb2.GenerateChunk(text=step.text, token_ids=step.token_ids)
@@ -65,30 +64,3 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
 def status_to_pb(status: dict) -> gateway_pb2.GatewayStatus:
     return gateway_pb2.GatewayStatus(**status)
-
-
-class _errors_to_status:
-    """Async context manager mapping domain and upstream errors to the client's gRPC status."""
-
-    def __init__(self, context: grpc.aio.ServicerContext):
-        self.context = context
-
-    async def __aenter__(self):
-        set_request_deadline(self.context.time_remaining())    # upstream calls end before the client's deadline
-        return self
-
-    async def __aexit__(self, exc_type, exc, tb):
-        if exc is None:
-            return False
-        if isinstance(exc, ValueError):
-            await self.context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        if isinstance(exc, Overloaded):
-            await self.context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        if isinstance(exc, IncompatibleDrafter):
-            await self.context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        if isinstance(exc, grpc.aio.AioRpcError):   # from the verifier
-            code = exc.code()
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                code = grpc.StatusCode.UNAVAILABLE
-            await self.context.abort(code, f"verifier: {exc.details()}")
-        return False

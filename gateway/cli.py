@@ -48,7 +48,25 @@ def configure(p) -> None:
          "this port (same TLS and token as gRPC; 0: a free port; -1: off)")
     flag(p, "http-host", None, help="address of the HTTP API (default: --host)")
     flag(p, "served-model-name", None, help="the model name the HTTP API reports (default: the target's)")
+    flag(p, "max-request-bytes", 2 << 20, int, help="largest request: a prompt's text, an HTTP body, a gRPC message; "
+         "larger ones are refused before any work is done on them (HTTP 413, gRPC RESOURCE_EXHAUSTED)")
+    flag(p, "max-prompt-tokens", 0, int, help="longest prompt in tokens (0: the target's context); longer ones are "
+         "refused (HTTP 400, gRPC INVALID_ARGUMENT)")
+    flag(p, "allowed-hosts", "", help="comma-separated names the HTTP API answers to besides IP addresses, "
+         "localhost, this machine's name and --http-host ('.example.com': its subdomains; '*': any). Other Host "
+         "headers are refused (403): a web page cannot reach the API by pointing its own name at this machine")
+    flag(p, "allowed-origins", "", help="comma-separated web origins (scheme://host[:port]) whose pages may call "
+         "the HTTP API from a browser ('*': any site). The chat page, and clients that send no Origin (curl, "
+         "SDKs, servers), need none; other pages are refused (403)")
+    flag(p, "http-read-timeout", 30.0, float, help="seconds a client has to send an HTTP request's head and body; "
+         "slower ones are answered 408 and dropped")
+    flag(p, "http-max-connections", 256, int, help="HTTP connections open at once; more are closed as accepted")
     server_flags(p, 50051)
+
+
+def _listed(value: str | None) -> tuple[str, ...]:
+    """A comma-separated flag's items."""
+    return tuple(item.strip() for item in (value or "").split(",") if item.strip())
 
 
 async def run(args) -> int:
@@ -65,7 +83,8 @@ async def run(args) -> int:
                            max_concurrent_requests=args.max_concurrent_requests,
                            drafter_retry_max_s=args.drafter_retry_max,
                            local_lookup=not args.no_local_lookup, probe_budget=args.probe_budget,
-                           unseeded_sampling=args.unseeded_sampling)
+                           unseeded_sampling=args.unseeded_sampling,
+                           max_prompt_tokens=args.max_prompt_tokens, max_request_bytes=args.max_request_bytes)
     gateway = await connect_gateway(args.verifier, args.drafter or None, config, wait_s=args.wait,
                                     interceptors=tracing.client_interceptors(),
                                     drafter_timeout_s=args.drafter_timeout, verifier_timeout_s=args.verifier_timeout)
@@ -77,9 +96,12 @@ async def run(args) -> int:
         sec = security.default()
         host = args.http_host or args.host
         sec.check_listen(host, "gateway HTTP API")
-        app = build_app(gateway, token=sec.token, model_name=args.served_model_name or gateway.target.model_name)
+        app = build_app(gateway, token=sec.token, model_name=args.served_model_name or gateway.target.model_name,
+                        allowed_hosts=_listed(args.allowed_hosts), allowed_origins=_listed(args.allowed_origins),
+                        bound_host=host)
         try:
-            http = await serve_http(app, host, args.http_port, ssl_certfile=sec.tls_cert, ssl_keyfile=sec.tls_key)
+            http = await serve_http(app, host, args.http_port, ssl_certfile=sec.tls_cert, ssl_keyfile=sec.tls_key,
+                                    read_timeout_s=args.http_read_timeout, max_connections=args.http_max_connections)
         except OSError as exc:
             raise ValueError(f"gateway HTTP API: cannot listen on {host}:{args.http_port} ({exc.strerror or exc}): "
                              "pick another port with --http-port, or --http-port -1 for none") from None

@@ -1,9 +1,10 @@
 """gRPC clients for the drafter and the verifier, filling the ports the round loop uses.
 
-Every call has a deadline. Every drafter failure (any status code, a reply that does not parse) becomes
-DrafterUnavailable, naming the drafter: the request goes on with target-only decoding. NOT_FOUND from the
-drafter (restarted, evicted) becomes DrafterLostSession: resend the context. Clients decide on status
-codes, never on message text.
+Every call has a deadline. A verifier failure becomes the domain error its status code stands for
+(``tandem.errors``), naming the verifier. Every drafter failure (any status code, a reply that does not
+parse) becomes DrafterUnavailable, naming the drafter: the request goes on with target-only decoding.
+NOT_FOUND from the drafter (restarted, evicted) becomes DrafterLostSession: resend the context. Clients
+decide on status codes, never on message text.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import grpc
 
 from gateway.ports import DrafterLostSession, DrafterUnavailable
 from tandem.convert import draft_from_pb, draft_to_pb, info_from_pb, sampling_to_pb, target_info_from_pb
+from tandem.errors import error_for_status
 from tandem.pb import common_pb2, drafter_grpc, drafter_pb2, verifier_grpc, verifier_pb2
 from tandem.serving import CHANNEL_OPTIONS
 from tandem.types import DraftToken, ModelInfo, Proposal, SamplingParams, TargetInfo, VerifyOutcome
@@ -75,19 +77,25 @@ class VerifierClient:
                                                            timeout=wait_s or self.timeout_s,
                                                            wait_for_ready=wait_s is not None))
 
+    async def _call(self, rpc, request):
+        """One call within the request's deadline; a failure becomes the domain error its status code stands
+        for (``tandem.errors.error_for_status``: a deadline passed is Unavailable), naming the verifier."""
+        try:
+            return await rpc(request, timeout=call_timeout(self.timeout_s))
+        except grpc.aio.AioRpcError as err:
+            raise error_for_status(err.code().name, f"verifier {self.address}: {err.code().name}: "
+                                   f"{err.details()}") from err
+
     async def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, token: str = "",
                     max_draft_length: int = 0) -> tuple[int, float]:
-        reply = await self.stub.StartSession(
-            verifier_pb2.StartSessionRequest(session_id=session_id, prompt_ids=list(prompt_ids),
-                                             sampling=sampling_to_pb(sampling), session_token=token,
-                                             max_draft_length=max_draft_length),
-            timeout=call_timeout(self.timeout_s))
+        reply = await self._call(self.stub.StartSession, verifier_pb2.StartSessionRequest(
+            session_id=session_id, prompt_ids=list(prompt_ids), sampling=sampling_to_pb(sampling),
+            session_token=token, max_draft_length=max_draft_length))
         return reply.first_token, reply.compute_ms
 
     async def verify(self, session_id: str, draft: Sequence[DraftToken], token: str = "") -> VerifyOutcome:
-        reply = await self.stub.Verify(verifier_pb2.VerifyRequest(session_id=session_id, draft=draft_to_pb(draft),
-                                                                  session_token=token),
-                                       timeout=call_timeout(self.timeout_s))
+        reply = await self._call(self.stub.Verify, verifier_pb2.VerifyRequest(
+            session_id=session_id, draft=draft_to_pb(draft), session_token=token))
         return VerifyOutcome(reply.accepted, reply.next_token, reply.bonus, reply.compute_ms)
 
     async def end(self, session_id: str, token: str = "") -> None:

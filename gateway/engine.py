@@ -1,7 +1,9 @@
 """One request from prompt to text: tokenize, validate, check the drafter, run the rounds, free sessions.
 
 Domain only: the gRPC client-facing servicer (``gateway.api``) converts protobuf to a
-``GenerateParams`` and a stream of ``Step`` back.
+``GenerateParams`` and a stream of ``Step`` back. Errors are ``tandem.errors`` (one table maps them to
+gRPC and HTTP statuses). Nothing heavy runs on the event loop that serves every client: a prompt is
+refused above --max-request-bytes before any work, and templated and tokenized on worker threads.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gateway import tracing
@@ -27,16 +30,9 @@ from gateway.rounds import Request, generate_rounds
 from gateway.stats import RequestStats
 from tandem import telemetry
 from tandem.draft_checks import check_ids
+from tandem.errors import IncompatibleDrafter, InvalidInput, Overloaded  # noqa: F401 - raised here, re-exported
 from tandem.round_record import Round
 from tandem.types import ModelInfo, SamplingParams, TargetInfo
-
-
-class IncompatibleDrafter(Exception):
-    """Drafter and target do not share a vocabulary: speculation is refused."""
-
-
-class Overloaded(Exception):
-    """The gateway already serves --max-concurrent-requests requests: refused at once, never queued."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +77,8 @@ class GatewayConfig:
     max_concurrent_requests: int = 64     # more at once are refused (RESOURCE_EXHAUSTED); 0: no limit
     local_lookup: bool = True             # blocks prompt lookup supplies whole are copied here (gateway.rounds)
     probe_budget: float = 0.005           # auto: worst-case share of plain throughput spent probing a losing drafter
+    max_prompt_tokens: int = 0            # longest prompt in tokens (0: the target's context less one)
+    max_request_bytes: int = 2 << 20      # longest request: prompt text (checked before tokenizing), gRPC message
     unseeded_sampling: str = "coupled"    # a sampled request without a seed: UNSEEDED_SAMPLING
 
     def __post_init__(self):
@@ -111,6 +109,8 @@ class Gateway:
         self.config = config
         self.target: ModelInfo = target_info.model
         self.tokenizer = build_tokenizer(target_info)
+        # chat templating and tokenizing of prompts (seconds for a long one), off the event loop
+        self.tokenizing = ThreadPoolExecutor(2, thread_name_prefix="tandem-tokenize")
         self._skip_ids = skipped_ids(self.tokenizer)     # what decode(skip_special_tokens=True) drops
         # What the draft-length choice learns (gateway.draft_length): costs of this verifier + drafter pair,
         # seeded from the verifier's start-up profile; acceptance gateway-wide, greedy and sampled apart.
@@ -227,37 +227,67 @@ class Gateway:
         return self._drafter_info.model_name if self._drafter_info else ""
 
     # ---- a request ---------------------------------------------------------------------------
+    def check_request_size(self, prompt: str) -> None:
+        """Refuses a prompt longer than --max-request-bytes before any work is done on it (a character is at
+        least a byte: no encoding needed for the check)."""
+        limit = self.config.max_request_bytes
+        if limit and len(prompt) > limit:
+            raise InvalidInput(f"the prompt has {len(prompt)} characters, more than the gateway's --max-request-bytes "
+                               f"({limit}): send a shorter one, or raise the limit", param="prompt")
+
+    async def off_loop(self, fn, *args):
+        """``fn(*args)`` on a tokenizing thread (the event loop goes on serving every other client meanwhile)."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, *args)
+
+    async def tokenize(self, params: GenerateParams) -> list[int]:
+        """The request's prompt ids: as given, or its text templated and tokenized off the event loop, after
+        the size check."""
+        if params.prompt_ids:
+            return list(params.prompt_ids)
+        self.check_request_size(params.prompt)
+        return await self.off_loop(self.prompt_ids, params)
+
     def prompt_ids(self, params: GenerateParams) -> list[int]:
+        """Tokenizes (blocking: ``tokenize`` runs this on a worker thread)."""
         if params.prompt_ids:
             return list(params.prompt_ids)
         if not params.prompt.strip():
-            raise ValueError("the prompt is empty")
+            raise InvalidInput("the prompt is empty", param="prompt")
         if params.chat:
             if not self.tokenizer.chat_template:
-                raise ValueError("the target has no chat template; send the prompt without --chat")
+                raise InvalidInput("the target has no chat template; send the prompt without --chat", param="chat")
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": params.prompt}],
                                                       add_generation_prompt=True, tokenize=False)
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(params.prompt)["input_ids"]
 
     def validate(self, params: GenerateParams, prompt_ids: list[int]) -> int:
-        """Checks the request; returns the pinned draft length (0: auto)."""
+        """Checks the request (InvalidInput naming the field); returns the pinned draft length (0: auto)."""
         limit = self.config.max_tokens_limit
         if not 1 <= params.max_tokens <= limit:
-            raise ValueError(f"max_tokens must be between 1 and {limit}, got {params.max_tokens}")
+            raise InvalidInput(f"max_tokens must be between 1 and {limit}, got {params.max_tokens}", param="max_tokens")
         params.sampling.validate()
         if not prompt_ids:
-            raise ValueError("the prompt is empty")
+            raise InvalidInput("the prompt is empty", param="prompt")
         if len(prompt_ids) >= self.target.max_context:
-            raise ValueError(f"the prompt has {len(prompt_ids)} tokens, longer than the target's context of "
-                             f"{self.target.max_context} tokens")
+            raise InvalidInput(f"the prompt has {len(prompt_ids)} tokens, longer than the target's context of "
+                               f"{self.target.max_context} tokens", param="prompt")
+        if self.config.max_prompt_tokens and len(prompt_ids) > self.config.max_prompt_tokens:
+            raise InvalidInput(f"the prompt has {len(prompt_ids)} tokens, more than the gateway's --max-prompt-tokens "
+                               f"({self.config.max_prompt_tokens})", param="prompt")
         if not 0 <= params.draft_length <= self.config.max_pinned_draft_length:
-            raise ValueError(f"draft_length must be between 0 (auto) and {self.config.max_pinned_draft_length}")
+            raise InvalidInput(f"draft_length must be between 0 (auto) and {self.config.max_pinned_draft_length}",
+                               param="draft_length")
         if params.draft_confidence is not None and not 0.0 <= params.draft_confidence < 1.0:
-            raise ValueError(f"draft_confidence must be in [0, 1), got {params.draft_confidence}")
+            raise InvalidInput(f"draft_confidence must be in [0, 1), got {params.draft_confidence}",
+                               param="draft_confidence")
         if self.target.vocab_size:
-            check_ids(prompt_ids, self.target.vocab_size, "prompt_ids")
+            try:
+                check_ids(prompt_ids, self.target.vocab_size, "prompt_ids")
+            except ValueError as exc:
+                raise InvalidInput(str(exc), param="prompt") from None
         return params.draft_length or self.config.draft_length
+
 
     def draft_length_policy(self, pinned: int, sampling: SamplingParams) -> DraftLengthPolicy:
         """The request's draft-length choice: ``pinned`` k > 0 always drafts k; 0 chooses every round from the
@@ -283,7 +313,7 @@ class Gateway:
     async def generate(self, params: GenerateParams, stats: RequestStats) -> AsyncIterator[Step]:
         """Runs one request; yields a Step per round (the prefill first). Frees both sessions at the end,
         also when the client goes away (the generator is closed / cancelled)."""
-        prompt_ids = self.prompt_ids(params)
+        prompt_ids = await self.tokenize(params)
         pinned = self.validate(params, prompt_ids)          # 0: auto
         k = pinned or self.config.max_draft_length          # the most a round may draft
         speculate = not (params.no_speculation or self.config.no_speculation)

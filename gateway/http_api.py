@@ -7,75 +7,101 @@
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (both with ``stream: true`` as server-sent
 events ending in ``data: [DONE]``), GET /v1/models, GET /health (200 when the verifier answers, else 503),
-and the chat page at / (static files in gateway/static/).
+and the chat page at / (static files in gateway/static/). One model is served: a request may name it by
+any name (the served name, "tandem", or another: as llama-server, the field is not checked).
 
 Extensions: ``top_k``; ``ignore_eos``; ``no_speculation`` or ``"tandem": {"speculation": false,
 "draft_length": k, "draft_confidence": c}``. Replies carry ``usage`` and a ``tandem`` object with the
 speculation statistics; stream chunks carry ``tandem.tokens`` = [{"text", "origin": draft|lookup|target}].
 
-Errors have OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 bad or unsupported input
-(also the engine's ValueError), 401 without the bearer token when one is configured, 404 unknown model,
-429 over --max-concurrent-requests, 503 verifier unreachable, 502 other verifier failures.
+Errors have OpenAI's shape {"error": {"message", "type", "param", "code"}}: the engine's and the nodes'
+errors by the one table of ``tandem.errors`` (400 bad input naming its ``param``, 429 over
+--max-concurrent-requests, 503 verifier unreachable, 502 other upstream failures, 500 with a request id
+for a bug), and the HTTP side's own: 401 without the bearer token when one is configured, 403 a foreign
+Host or Origin, 413 a body over --max-request-bytes.
+
+What a web page or a slow client cannot do (``BrowserGuard`` and ``serve_http``): reach the API through a
+name the gateway does not answer to (DNS rebinding: Host must be an IP address, localhost, this machine's
+name, the bound address, or in --allowed-hosts), send a request from another site (Origin absent,
+same-origin, or in --allowed-origins; CORS preflights are answered for those only), send a body over
+--max-request-bytes (refused by Content-Length, or as soon as the count passes it), take longer than
+--http-read-timeout to send a request's head and body, or hold more than --http-max-connections
+connections. JSON parsing, chat templating and tokenizing run on the gateway's tokenizing threads, never
+on the event loop that serves every other client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from gateway.engine import Gateway, GenerateParams, IncompatibleDrafter, Overloaded
-from gateway.openai_schema import (ApiError, Parsed, PieceCutter, TokenPieces, param_of, parse_chat,
-                                   parse_completion)
+from gateway.engine import Gateway, GenerateParams
+from gateway.openai_schema import ApiError, Parsed, PieceCutter, TokenPieces, parse_chat, parse_completion
 from gateway.stats import RequestStats
+from tandem.errors import wire_of
 from tandem.security import bearer_matches
 
 log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+DEFAULT_READ_TIMEOUT_S = 30.0
+DEFAULT_MAX_CONNECTIONS = 256
 
 
 # ---- errors ------------------------------------------------------------------------------------
-def error_from_exception(exc: BaseException) -> ApiError | None:
-    """The client's error for an exception of the engine or the verifier (as gateway.api maps them)."""
+# The engine's field names -> the OpenAI request's (the prompt of a chat request is its messages).
+_HTTP_PARAM = {"draft_length": "tandem.draft_length", "draft_confidence": "tandem.draft_confidence",
+               "speculation": "tandem.speculation", "chat": "messages"}
+
+
+def error_from_exception(exc: BaseException, chat: bool = False) -> ApiError | None:
+    """The client's error for a domain exception (``tandem.errors.WIRE``: status, type, code; the param in
+    the request's terms); None for anything else (a bug: ``internal_error``)."""
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, Overloaded):
-        return ApiError(429, str(exc), type="requests", code="rate_limit_exceeded")
-    if isinstance(exc, IncompatibleDrafter):
-        return ApiError(400, str(exc), code="incompatible_drafter", param="tandem.speculation")
-    if isinstance(exc, ValueError):
-        return ApiError(400, str(exc), param=param_of(str(exc)), code="invalid_value")
-    if isinstance(exc, grpc.aio.AioRpcError):          # from the verifier
-        code, details = exc.code(), f"verifier: {exc.details()}"
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return ApiError(503, details, type="server_error", code="verifier_unavailable")
-        if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
-            return ApiError(400, details, param=param_of(details), code="invalid_value")
-        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            return ApiError(429, details, type="requests", code="rate_limit_exceeded")
-        return ApiError(502, f"{details} ({code.name})", type="server_error", code="verifier_error")
-    return None
+    wire = wire_of(exc)
+    if wire is None:
+        return None
+    param = getattr(exc, "param", None)
+    param = "messages" if chat and param == "prompt" else _HTTP_PARAM.get(param, param)
+    return ApiError(wire.http, str(exc), type=wire.type, code=wire.code, param=param)
 
 
-def error_response(err: ApiError) -> JSONResponse:
-    headers = {"www-authenticate": "Bearer"} if err.status == 401 else None
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+def internal_error(exc: BaseException) -> ApiError:
+    """A 500 for a bug: the exception is logged under a request id; the client gets the id, not the text."""
+    request_id = uuid.uuid4().hex[:16]
+    log.error("HTTP API: internal error, request id %s", request_id, exc_info=exc)
+    return ApiError(500, f"internal error (request id {request_id}; the details are in the gateway's log)",
+                    type="server_error", code="internal_error")
+
+
+def client_error(exc: BaseException, chat: bool = False) -> ApiError:
+    return error_from_exception(exc, chat) or internal_error(exc)
+
+
+def error_response(err: ApiError, headers: dict | None = None) -> JSONResponse:
+    headers = dict(headers or {})
+    if err.status == 401:
+        headers["www-authenticate"] = "Bearer"
+    return JSONResponse(err.body(), status_code=err.status, headers=headers or None)
 
 
 # ---- the pieces of a reply ---------------------------------------------------------------------
@@ -241,16 +267,15 @@ class HttpApi:
         if not bearer_matches(header, self.token):
             raise ApiError(401, "Incorrect API key provided (the gateway's --token)", code="invalid_api_key")
 
-    def check_model(self, model: str | None) -> None:
-        if model and model not in (self.model_name, self.gateway.target.model_name):
-            raise ApiError(404, f"The model '{model}' does not exist: this gateway serves '{self.model_name}'",
-                           param="model", code="model_not_found")
-
-    async def body(self, request: Request):
+    def prepare(self, raw: bytes, chat: bool) -> tuple[Parsed, GenerateParams]:
+        """The request body -> the engine's parameters: JSON, the OpenAI fields, a chat's template and tokens
+        (blocking work: runs on the gateway's tokenizing threads)."""
         try:
-            return json.loads(await request.body() or b"null")
+            body = json.loads(raw or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+        parsed = parse_chat(body) if chat else parse_completion(body)
+        return parsed, self.params(parsed)
 
     def params(self, parsed: Parsed) -> GenerateParams:
         if parsed.chat:
@@ -286,20 +311,14 @@ class HttpApi:
     async def _generate(self, request: Request, chat: bool) -> Response:
         try:
             self.check_auth(request)
-            body = await self.body(request)
-            parsed = parse_chat(body) if chat else parse_completion(body)
-            self.check_model(parsed.model)
-            gen = Generation(self.gateway, parsed, self.params(parsed))
+            parsed, params = await self.gateway.off_loop(self.prepare, await request.body(), chat)
+            gen = Generation(self.gateway, parsed, params)
             started = await _until_disconnect(request.receive, self._start(gen))
             if started is None:
                 await gen.close()
                 return Response(status_code=499)     # nobody is listening any more
         except Exception as exc:
-            err = error_from_exception(exc)
-            if err is None:
-                log.exception("HTTP API: unexpected error")
-                err = ApiError(500, f"internal error: {exc!r}", type="server_error", code="internal_error")
-            return error_response(err)
+            return error_response(client_error(exc, chat))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
         if parsed.stream:
@@ -307,9 +326,7 @@ class HttpApi:
         try:
             reply = await _until_disconnect(request.receive, self._collect(gen, rid, created, chat))
         except Exception as exc:
-            err = error_from_exception(exc) or ApiError(500, f"internal error: {exc!r}", type="server_error",
-                                                        code="internal_error")
-            return error_response(err)
+            return error_response(client_error(exc, chat))
         finally:
             await gen.close()
         return JSONResponse(reply) if reply is not None else Response(status_code=499)
@@ -360,9 +377,7 @@ class HttpApi:
                            "system_fingerprint": None, "choices": [], "usage": usage(gen.stats),
                            "tandem": tandem_stats(gen.stats)})
         except Exception as exc:        # mid-stream: the status is sent already; say it in the stream
-            err = error_from_exception(exc) or ApiError(500, f"internal error: {exc!r}", type="server_error",
-                                                        code="internal_error")
-            yield sse(err.body())
+            yield sse(client_error(exc, chat).body())
         finally:
             await gen.close()
         yield b"data: [DONE]\n\n"
@@ -390,6 +405,10 @@ class HttpApi:
     async def index(self, request: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html", headers={"cache-control": "no-cache"})
 
+    async def favicon(self, request: Request) -> Response:
+        """The page's icon (index.html links it; this answers clients that ask at the usual path)."""
+        return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
+
 
 async def verifier_reachable(gateway: Gateway, timeout_s: float = 2.0) -> tuple[bool, str]:
     """Asks the verifier's gRPC health service (open without the token) over the gateway's channel."""
@@ -406,8 +425,141 @@ async def verifier_reachable(gateway: Gateway, timeout_s: float = 2.0) -> tuple[
     return status == "SERVING", status
 
 
-def build_app(gateway: Gateway, *, token: str | None, model_name: str) -> Starlette:
-    """The ASGI app: the OpenAI-compatible API and the chat page over ``gateway``."""
+# ---- what a web page, a slow client or a big body cannot do ---------------------------------------
+def _host_name(host_header: str) -> str:
+    """The name in a Host header, without the port or IPv6 brackets, lower case."""
+    host = host_header.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    name, _, port = host.rpartition(":")
+    return (name if name and port.isdigit() else host).rstrip(".")
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+class BrowserGuard:
+    """ASGI middleware in front of every route (pure ASGI: no buffering beyond the request body's cap).
+
+    - Host: an IP address (a page cannot rebind an address), ``localhost`` and ``*.localhost``, this machine's
+      name, the bound address, or one of ``allowed_hosts`` (a leading dot matches a domain's names; ``*``: any).
+      Anything else is 403: a page on a name that resolves to this machine (DNS rebinding) cannot reach it.
+    - Origin (sent by browsers): absent (not a page: curl, SDKs), the request's own origin (the chat page), or
+      one of ``allowed_origins`` (``*``: any site). Anything else is 403, also for "simple" requests a browser
+      sends without asking first (a text/plain POST). CORS preflights are answered for allowed origins only,
+      and their requests' replies carry Access-Control-Allow-Origin.
+    - Body: Content-Length over ``max_body_bytes`` is 413 before a byte of it is read; a body without one is
+      counted as it arrives and refused as soon as it passes the cap.
+    """
+
+    def __init__(self, app, *, allowed_hosts: Iterable[str] = (), allowed_origins: Iterable[str] = (),
+                 bound_host: str = "127.0.0.1", max_body_bytes: int = 2 << 20):
+        self.app = app
+        hosts = {h.strip().lower().strip("[]") for h in allowed_hosts if h.strip()}
+        self.any_host = "*" in hosts
+        self.host_suffixes = tuple(h for h in hosts if h.startswith("."))
+        here = {bound_host.strip().strip("[]").lower(), socket.gethostname().lower(), socket.getfqdn().lower()}
+        self.hosts = hosts | here | {"localhost"}
+        origins = {o.strip().rstrip("/").lower() for o in allowed_origins if o.strip()}
+        self.any_origin, self.origins = "*" in origins, origins
+        self.max_body_bytes = max_body_bytes
+
+    def host_allowed(self, host_header: str) -> bool:
+        name = _host_name(host_header)
+        return (self.any_host or not name or name in self.hosts or name.endswith(".localhost") or _is_ip(name)
+                or name.endswith(self.host_suffixes))
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        host = headers.get("host", "")
+        if not self.host_allowed(host):
+            await self.refuse(scope, receive, send, ApiError(
+                403, f"Host {_host_name(host)!r} is not a name this gateway answers to (a page on another site "
+                "may have pointed that name at it): add it to --allowed-hosts (TANDEM_ALLOWED_HOSTS), '*' for any",
+                code="host_not_allowed"))
+            return
+        origin = headers.get("origin")
+        cross = origin is not None and origin.rstrip("/").lower() != f"{scope['scheme']}://{host}".lower()
+        if cross and not (self.any_origin or origin.rstrip("/").lower() in self.origins):
+            await self.refuse(scope, receive, send, ApiError(
+                403, f"Origin {origin!r} may not use this API (a web page on another site): add it to "
+                "--allowed-origins (TANDEM_ALLOWED_ORIGINS), '*' for any site", code="origin_not_allowed"))
+            return
+        cors = {"access-control-allow-origin": origin, "vary": "origin"} if cross else {}
+        if scope["method"] == "OPTIONS" and origin is not None and "access-control-request-method" in headers:
+            await Response(status_code=204, headers={
+                **cors, "access-control-allow-methods": "GET, POST, OPTIONS", "access-control-max-age": "600",
+                "access-control-allow-headers": headers.get("access-control-request-headers",
+                                                            "authorization, content-type")})(scope, receive, send)
+            return
+        if cors:
+            send = _with_headers(send, cors)
+        if scope["method"] in ("POST", "PUT", "PATCH"):
+            receive = await self.read_body(scope, receive, send, headers)
+            if receive is None:
+                return
+        await self.app(scope, receive, send)
+
+    async def read_body(self, scope, receive, send, headers: Headers):
+        """The body read whole, within the cap, as a ``receive`` that replays it (then waits for the client
+        to leave, for the app's disconnect watch); None once refused or the client is gone."""
+        length = headers.get("content-length")
+        if length is not None and length.strip().isdigit() and int(length) > self.max_body_bytes:
+            await self.refuse(scope, receive, send, self._too_large(int(length)))
+            return None
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                await self.refuse(scope, receive, send, self._too_large(size, counted=True))
+                return None
+            if not message.get("more_body", False):
+                break
+        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replaying():
+            return replay.pop() if replay else await receive()
+        return replaying
+
+    def _too_large(self, size: int, counted: bool = False) -> ApiError:
+        return ApiError(413, f"the request body is {'over ' if counted else ''}{size} bytes, more than the gateway's "
+                        f"--max-request-bytes ({self.max_body_bytes})", code="request_too_large")
+
+    @staticmethod
+    async def refuse(scope, receive, send, err: ApiError) -> None:
+        """The error, and the connection closed after it (what is left of the request is not read)."""
+        await error_response(err, {"connection": "close"})(scope, receive, send)
+
+
+def _with_headers(send, extra: dict):
+    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
+
+    async def sending(message):
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *raw]}
+        await send(message)
+    return sending
+
+
+def build_app(gateway: Gateway, *, token: str | None, model_name: str, allowed_hosts: Iterable[str] = (),
+              allowed_origins: Iterable[str] = (), bound_host: str = "127.0.0.1",
+              max_body_bytes: int | None = None) -> Starlette:
+    """The ASGI app: the OpenAI-compatible API and the chat page over ``gateway``, behind ``BrowserGuard``
+    (``max_body_bytes`` default: the gateway's --max-request-bytes)."""
+    from starlette.middleware import Middleware
+
     api = HttpApi(gateway, token, model_name)
     routes = [
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -415,6 +567,7 @@ def build_app(gateway: Gateway, *, token: str | None, model_name: str) -> Starle
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/", api.index, methods=["GET"]),
+        Route("/favicon.ico", api.favicon, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
 
@@ -424,7 +577,11 @@ def build_app(gateway: Gateway, *, token: str | None, model_name: str) -> Starle
                                        f"{'not found' if status == 404 else getattr(exc, 'detail', 'error')}",
                                        code="not_found" if status == 404 else None))
 
-    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+    if max_body_bytes is None:
+        max_body_bytes = gateway.config.max_request_bytes
+    guard = Middleware(BrowserGuard, allowed_hosts=tuple(allowed_hosts), allowed_origins=tuple(allowed_origins),
+                       bound_host=bound_host, max_body_bytes=max_body_bytes)
+    app = Starlette(routes=routes, middleware=[guard], exception_handlers={404: not_found, 405: not_found})
     app.state.api = api
     return app
 
@@ -454,10 +611,77 @@ class HttpHandle:
                 await asyncio.wait_for(self.task, 5.0)
 
 
+def _bounded_protocol(read_timeout_s: float, max_connections: int):
+    """uvicorn's HTTP/1.1 protocol with two bounds uvicorn lacks: at most ``max_connections`` connections
+    open at once (one more is closed as soon as it is accepted), and a request's head and body must arrive
+    within ``read_timeout_s`` of the connection being ready for it (a client trickling bytes is answered 408
+    and dropped; the response's own time is not bounded)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    waiting = (h11.IDLE, h11.SEND_BODY)       # the client's side of a request not yet fully received
+
+    class BoundedH11Protocol(H11Protocol):
+        read_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                transport.close()
+                return
+            self._expect_request()
+
+        def _expect_request(self) -> None:
+            self._stop_read_timer()
+            self.read_timer = self.loop.call_later(read_timeout_s, self._read_timed_out)
+
+        def _stop_read_timer(self) -> None:
+            if self.read_timer is not None:
+                self.read_timer.cancel()
+                self.read_timer = None
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.conn.their_state not in waiting:
+                self._stop_read_timer()         # the request is in (or the connection is done)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and self.conn.their_state in waiting:
+                self._expect_request()          # keep-alive: the next request has the same time to arrive
+
+        def connection_lost(self, exc) -> None:
+            self._stop_read_timer()
+            super().connection_lost(exc)
+
+        def _read_timed_out(self) -> None:
+            self.read_timer = None
+            if self.transport.is_closing() or self.conn.their_state not in waiting:
+                return
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_started and self.conn.our_state is h11.SEND_RESPONSE:
+                cycle.disconnected = True       # the app sees the client gone and sends nothing more
+                cycle.message_event.set()
+                body = json.dumps(ApiError(408, f"the request did not arrive within {read_timeout_s:g} s "
+                                           "(--http-read-timeout)", code="request_timeout").body()).encode()
+                with contextlib.suppress(h11.LocalProtocolError):
+                    self.transport.write(self.conn.send(h11.Response(status_code=408, headers=[
+                        (b"content-type", b"application/json"), (b"connection", b"close"),
+                        (b"content-length", str(len(body)).encode())])) + self.conn.send(h11.Data(data=body))
+                        + self.conn.send(h11.EndOfMessage()))
+            self.transport.close()
+
+    return BoundedH11Protocol
+
+
 async def serve_http(app, host: str = "127.0.0.1", port: int = 0, ssl_certfile: str | None = None,
-                     ssl_keyfile: str | None = None, log_level: str = "warning") -> HttpHandle:
+                     ssl_keyfile: str | None = None, log_level: str = "warning",
+                     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+                     max_connections: int = DEFAULT_MAX_CONNECTIONS) -> HttpHandle:
     """Serves ``app`` with uvicorn on the running event loop (port 0: a free one); returns once it listens.
-    uvicorn's signal handlers are not installed: the gateway's own start-up handles SIGINT/SIGTERM."""
+    uvicorn's signal handlers are not installed: the gateway's own start-up handles SIGINT/SIGTERM.
+    ``read_timeout_s`` and ``max_connections``: see ``_bounded_protocol``; request heads are limited to
+    h11's 16 KiB, idle keep-alive connections close after 5 s."""
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -482,7 +706,8 @@ async def serve_http(app, host: str = "127.0.0.1", port: int = 0, ssl_certfile: 
     sock.setblocking(False)
     config = uvicorn.Config(app, log_level=log_level, lifespan="off", ssl_certfile=ssl_certfile,
                             ssl_keyfile=ssl_keyfile, timeout_graceful_shutdown=5, access_log=False,
-                            http="h11", ws="none")
+                            http=_bounded_protocol(read_timeout_s, max_connections), ws="none",
+                            timeout_keep_alive=5, h11_max_incomplete_event_size=16 * 1024)
     server = _Server(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started:

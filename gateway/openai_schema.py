@@ -138,12 +138,16 @@ def _common(body: dict, parsed: Parsed) -> None:
     top_p = _number(body, "top_p")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise bad(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
-    top_k = _int(body, "top_k", -1)
-    seed = _int(body, "seed")
+    top_k = _int(body, "top_k", -1, 2**31 - 1)
+    seed = _int(body, "seed", 0, 2**64 - 1)
     # Defaults as OpenAI's: temperature 1 and top_p 1 when not given.
     parsed.sampling = SamplingParams(temperature=1.0 if temperature is None else temperature,
                                      top_k=0 if top_k in (None, -1) else top_k,
                                      top_p=1.0 if top_p is None else top_p, seed=seed)
+    try:
+        parsed.sampling.validate()      # the domain's own bounds (e.g. no temperature between 0 and 1e-4)
+    except ValueError as exc:
+        raise bad(str(exc), getattr(exc, "param", None)) from None
     parsed.stop = _stop(body.get("stop"))
     parsed.stream = _bool(body, "stream")
     options = body.get("stream_options")
@@ -262,16 +266,6 @@ def parse_completion(body) -> Parsed:
     if parsed.max_tokens is None:
         parsed.max_tokens = 16          # OpenAI's default for completions
     return parsed
-
-
-def param_of(message: str) -> str | None:
-    """The request field an engine ValueError is about, for the error's ``param``."""
-    for name in ("max_tokens", "temperature", "top_p", "top_k", "draft_length", "draft_confidence"):
-        if name in message:
-            return name
-    if "prompt" in message or "vocabulary" in message or "context" in message:
-        return "prompt"
-    return None
 
 
 class StopCutter:

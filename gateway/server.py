@@ -88,9 +88,16 @@ async def _wait_for_verifier(verifier: VerifierClient, address: str, wait_s: flo
             call.cancel()
 
 
+MESSAGE_OVERHEAD_BYTES = 64 * 1024      # a GenerateRequest's fields besides its prompt
+
+
 async def start_gateway(gateway: Gateway, host: str = "127.0.0.1", port: int = 0, interceptors=()) -> Service:
+    """Serves the client API. A request message larger than --max-request-bytes (plus the other fields' room)
+    is refused by gRPC itself (RESOURCE_EXHAUSTED) before it is read."""
     servicer = GatewayServicer(gateway)
+    limit = gateway.config.max_request_bytes
     service = await start_service("gateway", lambda s: add_servicer(s, servicer, SERVICE),
-                                  [SERVICE_NAME], host, port, interceptors=interceptors)
+                                  [SERVICE_NAME], host, port, interceptors=interceptors,
+                                  max_receive_bytes=limit + MESSAGE_OVERHEAD_BYTES if limit else None)
     service.metrics = gateway.metrics
     return service

@@ -1,5 +1,9 @@
 """Running a gRPC service: an aio server with health checking, reflection, explicit message-size
-limits, keepalive, and a graceful stop on SIGINT/SIGTERM (in-flight calls get a grace period)."""
+limits, keepalive, and a graceful stop on SIGINT/SIGTERM (in-flight calls get a grace period).
+
+Every RPC registered with ``add_servicer`` answers a domain error (``tandem.errors``) with its status code
+and message, and anything else (a bug) with INTERNAL and a request id: the exception goes to the log,
+never to the caller."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import functools
 import logging
 import signal
 import sys
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
@@ -16,7 +21,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from tandem.errors import CapacityExceeded, InvalidInput, NotSessionOwner, SessionExists, UnknownSession
+from tandem.errors import wire_of
+from tandem.sessions import CALLER
 
 log = logging.getLogger(__name__)
 
@@ -43,39 +49,42 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", 5_000),
 ]
-# Each domain error crosses the wire as one status code (tandem.errors); clients decide on the code.
-STATUS_OF: dict[type, grpc.StatusCode] = {
-    UnknownSession: grpc.StatusCode.NOT_FOUND,
-    SessionExists: grpc.StatusCode.ALREADY_EXISTS,
-    NotSessionOwner: grpc.StatusCode.PERMISSION_DENIED,
-    CapacityExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
-}
 
 
 def status_of(exc: BaseException) -> grpc.StatusCode | None:
-    """The status code a domain exception maps to (None: not a domain error, let it surface as INTERNAL).
-    A plain ValueError from the domain code is bad input: INVALID_ARGUMENT."""
-    for cls in type(exc).__mro__:
-        if cls in STATUS_OF:
-            return STATUS_OF[cls]
-    if isinstance(exc, ValueError):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    return None
+    """The status code of a domain exception (tandem.errors.WIRE; a plain ValueError is INVALID_ARGUMENT);
+    None: not a domain error."""
+    wire = wire_of(exc)
+    return None if wire is None else getattr(grpc.StatusCode, wire.grpc)
+
+
+async def abort_with(context: grpc.aio.ServicerContext, exc: Exception, where: str) -> None:
+    """Ends the call for ``exc``: a domain error with its status code and message; anything else with
+    INTERNAL and a request id, the exception itself logged under that id (its text may hold internals)."""
+    if isinstance(exc, grpc.aio.AbortError):        # the servicer aborted with a status of its own
+        raise exc
+    code = status_of(exc)
+    if code is not None:
+        exc.__traceback__ = None        # its frames hold the request: freed now, not at the next garbage collection
+        await context.abort(code, str(exc))
+    request_id = uuid.uuid4().hex[:16]
+    log.error("%s: internal error, request id %s", where, request_id, exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {where} (request id {request_id}; the "
+                        "details are in that node's log)")
 
 
 def abort_on_error(method: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
-    """Maps domain exceptions (``tandem.errors``, ValueError) to their gRPC status code, with the message."""
+    """Maps exceptions to the call's status as ``abort_with`` does (``add_servicer`` does this for every
+    method; servicers registered otherwise use this decorator)."""
 
     @functools.wraps(method)
     async def wrapper(self, request, context: grpc.aio.ServicerContext):
         try:
             return await method(self, request, context)
         except Exception as exc:
-            code = status_of(exc)
-            if code is None:
-                raise
-            await context.abort(code, str(exc))
+            error = exc
+        del request             # see _serve: the abort's traceback must not hold it
+        await abort_with(context, error, method.__qualname__)
 
     return wrapper
 
@@ -97,7 +106,9 @@ def _lenient(parse: Callable[[bytes], object], method: str) -> Callable[[bytes],
     return deserialize
 
 
-def _refuse_malformed(behaviour, method: str, streaming: bool):
+def _serve(behaviour, method: str, streaming: bool):
+    """One RPC: a request that does not parse is INVALID_ARGUMENT, the caller's peer is
+    ``tandem.sessions.CALLER`` while it runs, and errors end it as ``abort_with`` says."""
     async def refuse(request, context) -> None:
         if isinstance(request, Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the request does not parse as "
@@ -105,19 +116,39 @@ def _refuse_malformed(behaviour, method: str, streaming: bool):
 
     async def unary(request, context):
         await refuse(request, context)
-        return await behaviour(request, context)
+        caller = CALLER.set(context.peer())
+        try:
+            return await behaviour(request, context)
+        except Exception as exc:
+            error = exc
+        finally:
+            CALLER.reset(caller)
+        # grpc keeps the abort's exception with the call's state, in a cycle through this frame: without the
+        # request, a refused 10 MB request is freed when the call ends, not at the next garbage collection
+        del request
+        await abort_with(context, error, method)
 
     async def stream(request, context):
         await refuse(request, context)
-        async for reply in behaviour(request, context):
-            yield reply
+        caller = CALLER.set(context.peer())
+        try:
+            async for reply in behaviour(request, context):
+                yield reply
+            return
+        except Exception as exc:
+            error = exc
+        finally:
+            CALLER.reset(caller)
+        del request
+        await abort_with(context, error, method)
 
     return stream if streaming else unary
 
 
 def add_servicer(server: grpc.aio.Server, servicer, service) -> None:
     """Registers ``servicer``'s methods for the protobuf ``service`` descriptor (what the generated
-    ``add_*Servicer_to_server`` does), with requests that do not parse answered INVALID_ARGUMENT."""
+    ``add_*Servicer_to_server`` does), with requests that do not parse answered INVALID_ARGUMENT and errors
+    mapped to status codes (``abort_with``)."""
     from google.protobuf import message_factory
 
     handlers = {}
@@ -125,7 +156,7 @@ def add_servicer(server: grpc.aio.Server, servicer, service) -> None:
         request_cls = message_factory.GetMessageClass(m.input_type)
         reply_cls = message_factory.GetMessageClass(m.output_type)
         make = grpc.unary_stream_rpc_method_handler if m.server_streaming else grpc.unary_unary_rpc_method_handler
-        handlers[m.name] = make(_refuse_malformed(getattr(servicer, m.name), m.full_name, m.server_streaming),
+        handlers[m.name] = make(_serve(getattr(servicer, m.name), m.full_name, m.server_streaming),
                                 request_deserializer=_lenient(request_cls.FromString, m.full_name),
                                 response_serializer=reply_cls.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
@@ -148,17 +179,23 @@ class Service:
 
 async def start_service(name: str, register: Callable[[grpc.aio.Server], None], service_names: Sequence[str],
                         host: str = "127.0.0.1", port: int = 0, interceptors: Sequence = (),
-                        security=None) -> Service:
+                        security=None, max_receive_bytes: int | None = None) -> Service:
     """Builds, binds and starts a server; ``register`` adds the servicers to it.
 
     ``security`` (default: the process's, from the --tls-*/--token flags) gives TLS credentials and the
-    token check; plaintext is refused on a non-loopback ``host`` unless it says --insecure."""
+    token check; plaintext is refused on a non-loopback ``host`` unless it says --insecure.
+    ``max_receive_bytes``: the largest request message (gRPC refuses a larger one with RESOURCE_EXHAUSTED
+    before it is read; default MAX_MESSAGE_BYTES)."""
     from tandem import security as sec
 
     security = security or sec.default()
     security.check_listen(host, name)
     credentials = security.server_credentials()
-    server = grpc.aio.server(options=SERVER_OPTIONS,
+    options = [*SERVER_OPTIONS]
+    if max_receive_bytes:
+        options = [o for o in options if o[0] != "grpc.max_receive_message_length"]
+        options.append(("grpc.max_receive_message_length", int(max_receive_bytes)))
+    server = grpc.aio.server(options=options,
                              interceptors=[*security.server_interceptors(), *interceptors])
     register(server)
     health_servicer = health.aio.HealthServicer()

@@ -3,9 +3,13 @@ a capacity, an owner per session, size accounting, and the eviction loop both se
 
 Ownership: the call that creates a session gives its secret (``owner``, the wire's ``session_token``);
 every later call must give the same one, or it is refused (NotSessionOwner) and the session is left
-as it was. Capacity: when the store is full, idle sessions past the TTL go first, then the session
-idle the longest if it has been idle for ``pressure_idle_s`` (a flood of sessions nobody uses cannot
-lock out a client that is generating); only a store full of busy sessions refuses a new one.
+as it was. Capacity: when the store is full, idle sessions past the TTL go first; then, if another
+caller holds more than half of the store, that caller's longest-idle session gives way, however recently
+it was used (one caller flooding a node cannot keep the others out: it only ever pushes out its own
+sessions); else the session idle the longest, if it has been idle for ``pressure_idle_s`` (a flood of
+sessions nobody uses cannot lock out a client that is generating). Only then is a new session refused.
+The caller is the peer of the RPC being served (its connection, ``CALLER``, set by ``tandem.serving`` for
+every call; None for in-process calls).
 
 Every access refreshes a session's idle clock. The store's lock guards the mapping only: callers
 serialise work on one session themselves (e.g. with a lock held by the state object). The clock is
@@ -16,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hmac
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -28,6 +34,10 @@ T = TypeVar("T")
 
 MAX_SESSION_ID_LENGTH = 128      # a uuid4 hex is 32; longer ids are refused (INVALID_ARGUMENT)
 MAX_SESSION_TOKEN_LENGTH = 128
+
+# Who is calling: the peer address of the RPC being served (tandem.serving sets it around every call; the
+# servicers' worker threads inherit it). Sessions are counted per caller for the capacity rule above.
+CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("tandem_caller", default=None)
 
 
 def check_session_id(session_id: str, token: str = "") -> None:
@@ -42,6 +52,13 @@ def check_session_id(session_id: str, token: str = "") -> None:
 
 def _nbytes(obj) -> int:
     return int(getattr(obj, "nbytes", 0))
+
+
+class _Entry:
+    __slots__ = ("state", "last", "owner", "caller")
+
+    def __init__(self, state, last: float, owner: str, caller: str | None):
+        self.state, self.last, self.owner, self.caller = state, last, owner, caller
 
 
 class SessionStore(Generic[T]):
@@ -62,24 +79,24 @@ class SessionStore(Generic[T]):
         self._size_of = size_of
         self._clock = clock
         self._lock = threading.Lock()
-        self._items: dict[str, tuple[T, float, str]] = {}     # id -> (state, last used, owner)
+        self._items: dict[str, _Entry] = {}
 
-    def _owned_locked(self, session_id: str, owner: str | None):
+    def _owned_locked(self, session_id: str, owner: str | None) -> _Entry | None:
         """The entry (refreshed), None if unknown; NotSessionOwner if ``owner`` (None: not checked) differs."""
         entry = self._items.get(session_id)
         if entry is None:
             return None
-        if owner is not None and not hmac.compare_digest(entry[2].encode(), owner.encode()):
+        if owner is not None and not hmac.compare_digest(entry.owner.encode(), owner.encode()):
             raise NotSessionOwner(f"{self.what} {_short(session_id)} belongs to another caller (wrong "
                                   "session_token)")
-        self._items[session_id] = (entry[0], self._clock(), entry[2])
+        entry.last = self._clock()
         return entry
 
     def get(self, session_id: str, owner: str | None = None) -> T | None:
         """The session's state (refreshing its idle clock), or None if unknown."""
         with self._lock:
             entry = self._owned_locked(session_id, owner)
-            return None if entry is None else entry[0]
+            return None if entry is None else entry.state
 
     def require(self, session_id: str, owner: str | None = None) -> T:
         """The session's state; raises UnknownSession when there is none, NotSessionOwner for a wrong owner."""
@@ -89,17 +106,28 @@ class SessionStore(Generic[T]):
                                  "evicted after being idle)")
         return obj
 
-    def _check_capacity_locked(self, now: float) -> None:
+    def _check_capacity_locked(self, now: float, caller: str | None) -> None:
         if self.max_sessions is not None and len(self._items) >= self.max_sessions:
             self._evict_locked(now)
-            if len(self._items) >= self.max_sessions:       # full of live sessions: the longest idle one goes
-                sid, (_, last, _) = min(self._items.items(), key=lambda kv: kv[1][1])
-                if now - last >= self.pressure_idle_s:
-                    del self._items[sid]
+            if len(self._items) >= self.max_sessions:       # full of live sessions: one may give way
+                victim = self._giving_way_locked(now, caller)
+                if victim is not None:
+                    del self._items[victim]
             if len(self._items) >= self.max_sessions:
                 raise CapacityExceeded(f"too many open {self.what}s ({len(self._items)}, limit "
                                        f"{self.max_sessions}); end some, wait for idle ones to expire, or raise "
                                        "--max-sessions")
+
+    def _giving_way_locked(self, now: float, caller: str | None) -> str | None:
+        """The session that makes room for a new one of ``caller`` in a full store (see the module docstring):
+        the longest-idle one of another caller holding more than half the store, else the longest-idle one
+        if idle for ``pressure_idle_s``; None: nobody gives way."""
+        heavy, held = Counter(e.caller for e in self._items.values()).most_common(1)[0]
+        if heavy != caller and held > self.max_sessions // 2:
+            return min((sid for sid, e in self._items.items() if e.caller == heavy),
+                       key=lambda sid: self._items[sid].last)
+        sid, entry = min(self._items.items(), key=lambda kv: kv[1].last)
+        return sid if now - entry.last >= self.pressure_idle_s else None
 
     def get_or_create(self, session_id: str, factory: Callable[[], T], owner: str | None = None) -> tuple[T, bool]:
         """(state, created): the existing state (its owner checked), or a new one from ``factory()`` owned by
@@ -107,11 +135,11 @@ class SessionStore(Generic[T]):
         with self._lock:
             entry = self._owned_locked(session_id, owner)
             if entry is not None:
-                return entry[0], False
-            now = self._clock()
-            self._check_capacity_locked(now)
+                return entry.state, False
+            now, caller = self._clock(), CALLER.get()
+            self._check_capacity_locked(now, caller)
             obj = factory()
-            self._items[session_id] = (obj, now, owner or "")
+            self._items[session_id] = _Entry(obj, now, owner or "", caller)
             return obj, True
 
     def _exists(self, session_id: str) -> SessionExists:
@@ -127,11 +155,11 @@ class SessionStore(Generic[T]):
     def add(self, session_id: str, obj: T, owner: str = "") -> None:
         """Stores a new session owned by ``owner``; SessionExists if the id is open, CapacityExceeded if full."""
         with self._lock:
-            now = self._clock()
+            now, caller = self._clock(), CALLER.get()
             if session_id in self._items:
                 raise self._exists(session_id)
-            self._check_capacity_locked(now)
-            self._items[session_id] = (obj, now, owner)
+            self._check_capacity_locked(now, caller)
+            self._items[session_id] = _Entry(obj, now, owner, caller)
 
     def touch(self, session_id: str) -> None:
         with self._lock:
@@ -143,7 +171,7 @@ class SessionStore(Generic[T]):
         with self._lock:
             if self._owned_locked(session_id, owner) is None:
                 return None
-            return self._items.pop(session_id)[0]
+            return self._items.pop(session_id).state
 
     def evict_idle(self, now: float | None = None) -> list[str]:
         """Drops sessions idle for more than ``ttl_s`` (at time ``now``, default the clock); returns their ids."""
@@ -151,7 +179,7 @@ class SessionStore(Generic[T]):
             return self._evict_locked(self._clock() if now is None else now)
 
     def _evict_locked(self, now: float) -> list[str]:
-        gone = [sid for sid, (_, last, _) in self._items.items() if now - last > self.ttl_s]
+        gone = [sid for sid, e in self._items.items() if now - e.last > self.ttl_s]
         for sid in gone:
             del self._items[sid]
         return gone
@@ -168,7 +196,7 @@ class SessionStore(Generic[T]):
 
     def values(self) -> list[T]:
         with self._lock:
-            return [entry[0] for entry in self._items.values()]
+            return [entry.state for entry in self._items.values()]
 
     def total_bytes(self) -> int:
         """Sum of ``size_of`` over all sessions (the KV cache bytes held)."""

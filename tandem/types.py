@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tandem.errors import InvalidInput
+
+# temperature: 0 (greedy) or in [MIN_TEMPERATURE, MAX_TEMPERATURE]. Above zero, logits / temperature stays
+# finite in float32 for any logit a model produces (|logit| < 3e34), and a temperature of 1e-4 is already
+# greedy in practice.
+MIN_TEMPERATURE = 1e-4
+MAX_TEMPERATURE = 100.0
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -31,8 +39,10 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raises ValueError with a user-facing message when a setting is out of range."""
-        if not 0.0 <= self.temperature < float("inf"):  # also rejects NaN
-            raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {self.temperature}")
+        # (the wire's float32 holds 1e-4 as 0.99999997e-4: within the tolerance)
+        if not (self.temperature == 0.0 or 0.999999 * MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE):
+            raise InvalidInput(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and "
+                               f"{MAX_TEMPERATURE:g}, got {self.temperature}", param="temperature")
         if not 0 <= self.top_k < 2**31:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):  # also rejects NaN

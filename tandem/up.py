@@ -69,6 +69,10 @@ def configure(p):
          f"temporary directory; the {KEEP_LOG_DIRS} latest of those are kept, none older than a day)")
     flag(p, "metrics-port", None, int, help="Prometheus metrics: gateway on this port, verifier on +1, drafter on "
          "+2 (unset: off)")
+    flag(p, "allowed-origins", "", help="web origins whose pages may call the HTTP API from a browser (the "
+         "gateway's --allowed-origins)")
+    flag(p, "allowed-hosts", "", help="names the HTTP API answers to besides IP addresses, localhost and this "
+         "machine's name (the gateway's --allowed-hosts)")
 
 
 def configure_demo(p):
@@ -493,7 +497,9 @@ def start_cluster(args) -> Cluster:
                                     if getattr(args, "max_draft_length", None) else []),
                                   "--http-port", str(getattr(args, "http_port", -1)),
                                   "--unseeded-sampling", getattr(args, "unseeded_sampling", "coupled"),
-                                  "--draft-confidence", str(args.draft_confidence), *pin(v_cpus), *metrics(0)],
+                                  "--draft-confidence", str(args.draft_confidence), *pin(v_cpus), *metrics(0),
+                                  *[arg for name in ("allowed_origins", "allowed_hosts") if getattr(args, name, "")
+                                    for arg in (f"--{name.replace('_', '-')}", getattr(args, name))]],
                       port=args.gateway_port, label="gateway")
         cluster.wait_up(["gateway"], deadline)
         gateway = cluster.ports["gateway"]

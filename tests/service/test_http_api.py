@@ -3,8 +3,10 @@ called with the real ``openai`` client (and httpx for the raw error shapes and t
 
 import asyncio
 import json
+import re
 import time
 
+import grpc
 import httpx
 import pytest
 
@@ -128,6 +130,15 @@ def test_models_and_health(hs, client):
     assert [m.id for m in models.data] == [MODEL]
     r = httpx.get(f"{hs.url}/health")
     assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["drafter"] == "up"
+
+
+def test_the_chat_page_links_only_what_exists(hs):
+    """Everything the page loads is served (its icon too: no 404 for /favicon.ico in the browser's console)."""
+    page = httpx.get(f"{hs.url}/", timeout=30).text
+    links = re.findall(r'(?:href|src)="(/[^"]*)"', page)
+    assert "/static/favicon.svg" in links
+    for link in [*links, "/favicon.ico"]:
+        assert httpx.get(f"{hs.url}{link}", timeout=30).status_code == 200, link
 
 
 @pytest.mark.parametrize("prompt", ["w1 w5 w9 w20", "w3 w4"])
@@ -334,12 +345,80 @@ def test_bad_completion_requests_and_client_errors(hs, client):
                             timeout=30), 400)                                 # the verifier's INVALID_ARGUMENT
     assert_error(httpx.post(f"{hs.url}/v1/completions", content=b"{not json", timeout=30), 400,
                  code="invalid_json")
-    assert_error(httpx.post(f"{hs.url}/v1/chat/completions", json={**chat_body(), "model": "gpt-9"}), 404, "model")
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w1"}], n=2)
     assert err.value.status_code == 400
     # the gateway stays up
     assert httpx.post(f"{hs.url}/v1/chat/completions", json=chat_body(max_tokens=3)).status_code == 200
+
+
+def test_any_model_name_is_served(hs, client):
+    """One model is served: the served name, "tandem" (the README's) and any other name get it, as with
+    llama-server; replies and /v1/models name the served model."""
+    for name in (MODEL, "tandem", "gpt-4o", hs.gateway.target.model_name):
+        reply = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "w1 w2"}],
+                                               temperature=0, max_tokens=3)
+        assert reply.model == MODEL and reply.usage.completion_tokens <= 3
+    assert_error(httpx.post(f"{hs.url}/v1/chat/completions", json={**chat_body(), "model": 7}), 400, "model")
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"seed": -1}, "seed"),
+    ({"seed": 2**64}, "seed"),
+    ({"temperature": 1e-38}, "temperature"),             # float32 logits / 1e-38 overflow: refused up front
+    ({"top_k": 2**40}, "top_k"),
+    ({"tandem": {"draft_length": 999}}, "tandem.draft_length"),     # the engine's InvalidInput, by its param
+])
+def test_range_errors_name_their_param(hs, extra, param):
+    err = assert_error(httpx.post(f"{hs.url}/v1/chat/completions", json={**chat_body(max_tokens=3), **extra},
+                                  timeout=30), 400, param)
+    assert err["type"] == "invalid_request_error"
+
+
+def test_a_prompt_over_max_prompt_tokens_names_the_prompt(hs):
+    saved = hs.gateway.config.max_prompt_tokens
+    hs.gateway.config.max_prompt_tokens = 8
+    try:
+        long = " ".join(f"w{i % 60}" for i in range(40))
+        err = assert_error(httpx.post(f"{hs.url}/v1/chat/completions", json=chat_body(long, max_tokens=3),
+                                      timeout=30), 400, "messages")
+        assert "--max-prompt-tokens" in err["message"]
+        assert_error(httpx.post(f"{hs.url}/v1/completions", json={"prompt": long, "max_tokens": 3}, timeout=30),
+                     400, "prompt")
+        grpc_err = pytest.raises(grpc.RpcError, grpc_generate, hs, prompt=long).value
+        assert grpc_err.code() == grpc.StatusCode.INVALID_ARGUMENT and "--max-prompt-tokens" in grpc_err.details()
+    finally:
+        hs.gateway.config.max_prompt_tokens = saved
+
+
+def test_a_bug_is_500_or_internal_with_a_request_id_and_no_exception_text(hs, caplog):
+    """An unexpected exception reaches the client as 500 / INTERNAL with a request id to quote; its text (which
+    may hold internals) only goes to the log, under that id."""
+    real = hs.slow.inner
+
+    class Broken:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        async def start(self, *args, **kw):
+            raise RuntimeError("secret internal detail")
+
+    hs.slow.inner = Broken()
+    try:
+        with caplog.at_level("ERROR"):
+            for stream in (False, True):
+                err = assert_error(httpx.post(f"{hs.url}/v1/chat/completions", json=chat_body(stream=stream),
+                                              timeout=30), 500, code="internal_error")
+                assert "request id" in err["message"] and "secret" not in err["message"]
+            rpc = pytest.raises(grpc.RpcError, grpc_generate, hs, prompt="w1 w2").value
+        assert rpc.code() == grpc.StatusCode.INTERNAL and "request id" in rpc.details()
+        assert "secret" not in rpc.details()
+        request_id = rpc.details().split("request id ")[1].split(";")[0]
+        logged = [r for r in caplog.records if request_id in r.getMessage()]
+        assert logged and "secret internal detail" in str(logged[0].exc_info[1])
+    finally:
+        hs.slow.inner = real
+    assert httpx.post(f"{hs.url}/v1/chat/completions", json=chat_body(max_tokens=3), timeout=30).status_code == 200
 
 
 def test_bearer_token_is_required_when_configured(hs):
