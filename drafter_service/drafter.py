@@ -13,9 +13,10 @@ Kinds (``drafter.json`` ``kind``, built by ``drafter_service.factory.load_drafte
 * prompt lookup (``lookup_drafter.LookupDrafter``): a serving option wrapping any ContextDrafter,
   drafting tokens copied from the context and handing the rest of the block to the inner drafter.
 
-Context longer than ``info.max_context``: the drafter proposes nothing (an empty block; the gateway
-then decodes that round with the target alone) and shortens a block that would run past it. It never
-raises for that: an error would make the gateway drop speculation (or the whole drafter) for it.
+A session holds at most ``info.max_context`` tokens (MAX_CONTEXT_TOKENS where the drafter does not
+know its context): a Propose that would make it longer is refused (InvalidInput) before anything is
+stored, so no caller can make a session hold more than that. The gateway drafts only within the
+drafter's context (its GetInfo); a block that would run past it is shortened.
 No torch here.
 """
 
@@ -38,6 +39,7 @@ from tandem.types import DraftToken, ModelInfo, Proposal, SamplingParams
 DEFAULT_MAX_SESSIONS = 256
 
 RESEND = "resend the whole context with prefix_length 0"
+MAX_CONTEXT_TOKENS = 131_072    # the most tokens a session holds when the drafter does not know its max_context
 
 
 
@@ -144,12 +146,13 @@ class ContextDrafter(Drafter):
         """Syncs the session to (first ``prefix_length`` known tokens + ``appended_tokens``), drafts k tokens.
 
         ``min_confidence`` > 0 ends the block early (an adaptive draft length): before a model draft
-        token whose position's top probability is below it. At least one token is proposed, except past
-        ``max_context`` (see the module docstring), where the block is shortened or empty.
+        token whose position's top probability is below it. At least one token is proposed; a block that
+        would run past ``max_context`` is shortened.
 
         Raises UnknownSession for an unknown session with prefix_length > 0 or a prefix longer than the
-        session knows, ValueError (InvalidInput) for bad arguments, NotSessionOwner when ``token`` is not
-        the secret the session was created with (None: not checked).
+        session knows, ValueError (InvalidInput) for bad arguments and for a context longer than
+        ``max_context`` (nothing is stored then), NotSessionOwner when ``token`` is not the secret the
+        session was created with (None: not checked).
         """
         t0 = time.perf_counter()
         check_session_id(session_id, token or "")
@@ -164,6 +167,10 @@ class ContextDrafter(Drafter):
             raise InvalidInput(f"min_confidence must be in [0, 1], got {min_confidence}")
         if prefix_length < 0:
             raise InvalidInput(f"prefix_length must be >= 0, got {prefix_length}")
+        limit = self.info.max_context or MAX_CONTEXT_TOKENS
+        if prefix_length + len(appended_tokens) > limit:
+            raise InvalidInput(f"the context would be {prefix_length + len(appended_tokens)} tokens, more than this "
+                               f"drafter's max_context of {limit}: nothing was kept", param="appended_tokens")
         appended = [int(t) for t in appended_tokens]
         check_ids(appended, self.info.vocab_size or 2**31 - 1, "appended_tokens")     # 0: model-free, any id
 

@@ -3,8 +3,9 @@
 Every call has a deadline. A verifier failure becomes the domain error its status code stands for
 (``tandem.errors``), naming the verifier. Every drafter failure (any status code, a reply that does not
 parse) becomes DrafterUnavailable, naming the drafter: the request goes on with target-only decoding.
-NOT_FOUND from the drafter (restarted, evicted) becomes DrafterLostSession: resend the context. Clients
-decide on status codes, never on message text.
+NOT_FOUND from the drafter (restarted, evicted) becomes DrafterLostSession: resend the context; after
+RESOURCE_EXHAUSTED (no room for this session) the session is in ``refused``: that request goes on without
+the drafter, which is not down. Clients decide on status codes, never on message text.
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ class DrafterClient:
         # sessions a Propose was sent for: only those can exist on the drafter, so only those need an EndSession
         # (an auto request that stayed plain never calls the drafter; behind a 10 ms link its End cost 10 ms)
         self._opened: set[str] = set()
+        # sessions the drafter had no room for (RESOURCE_EXHAUSTED): their requests draft no more, but the drafter
+        # is up (the gateway does not turn speculation off for everyone over them)
+        self.refused: set[str] = set()
 
     async def info(self, wait_s: float | None = None) -> ModelInfo:
         try:
@@ -140,20 +144,29 @@ class DrafterClient:
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.NOT_FOUND:            # restarted or evicted: resend the context
                 raise DrafterLostSession(err.details()) from err
+            if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                self.refused.add(session_id)
             raise DrafterUnavailable(f"drafter {self.address}: {err.code().name}: {err.details()}") from err
         except Exception as exc:                      # noqa: BLE001 - a reply that does not parse
             raise DrafterUnavailable(f"drafter {self.address}: unusable Propose reply ({exc!r})") from exc
 
-    async def end(self, session_id: str, token: str = "") -> None:
+    async def end(self, session_id: str, token: str = "") -> str | None:
+        """Frees the session; returns why the drafter could not be reached (UNAVAILABLE: it died since the
+        request's last Propose), else None."""
         if session_id not in self._opened:
-            return                  # never proposed for: the drafter holds no such session
+            return None             # never proposed for: the drafter holds no such session
         self._opened.discard(session_id)
+        self.refused.discard(session_id)
         try:
             await _not_past_deadline(self.stub.EndSession(common_pb2.EndSessionRequest(session_id=session_id,
                                                                                         session_token=token),
                                                           timeout=2.0))
-        except (grpc.aio.AioRpcError, TimeoutError):
-            pass  # a dead drafter holds no sessions worth freeing
+        except grpc.aio.AioRpcError as err:     # a dead drafter holds no sessions worth freeing
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                return f"drafter unavailable: drafter {self.address}: {err.code().name}: {err.details()}"
+        except TimeoutError:
+            pass
+        return None
 
     async def close(self) -> None:
         await self.channel.close()

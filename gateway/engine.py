@@ -288,6 +288,11 @@ class Gateway:
                 raise InvalidInput(str(exc), param="prompt") from None
         return params.draft_length or self.config.draft_length
 
+    def drafting_context(self) -> int:
+        """The longest sequence a round drafts after: the target's context, or the drafter's if shorter (it
+        refuses a longer one)."""
+        theirs = self._drafter_info.max_context if self._drafter_info else 0
+        return min(self.target.max_context, theirs) if theirs > 0 else self.target.max_context
 
     def draft_length_policy(self, pinned: int, sampling: SamplingParams) -> DraftLengthPolicy:
         """The request's draft-length choice: ``pinned`` k > 0 always drafts k; 0 chooses every round from the
@@ -334,7 +339,7 @@ class Gateway:
                           sampling=self.session_sampling(params.sampling), k=k if drafter is not None else 0,
                           min_confidence=self.draft_confidence(params),
                           eos_token_ids=frozenset() if params.ignore_eos else frozenset(self.target.eos_token_ids),
-                          max_context=self.target.max_context, trace_context=telemetry.context_with(span),
+                          max_context=self.drafting_context(), trace_context=telemetry.context_with(span),
                           lookup=self._drafter_info.lookup if drafter is not None and self._drafter_info else None,
                           local_lookup=self.config.local_lookup)
         generated: list[int] = []
@@ -345,8 +350,8 @@ class Gateway:
             async for rnd in generate_rounds(request, self.verifier, drafter, policy):
                 stats.add(rnd)
                 self.metrics.round(rnd, stats)
-                if rnd.fallback_reason:
-                    self.mark_drafter_down(rnd.fallback_reason)
+                if rnd.fallback_reason and request.session_id not in getattr(drafter, "refused", ()):
+                    self.mark_drafter_down(rnd.fallback_reason)     # not for one session the drafter had no room for
                 generated.extend(rnd.tokens)
                 yield Step(rnd, rnd.tokens, detokenizer.push(rnd.tokens))
             tail = detokenizer.flush()        # a character the last token left incomplete (as U+FFFD)
@@ -358,12 +363,16 @@ class Gateway:
             raise
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._end_sessions(request, drafter))
+                lost = await asyncio.shield(self._end_sessions(request, drafter))
+                if lost:                    # it died after its last Propose (a plain streak, the last round)
+                    stats.fallback_reason = stats.fallback_reason or lost
+                    self.mark_drafter_down(lost)
             stats.finish()
             self.metrics.active_sessions.dec()
             tracing.end_request_span(span, stats, self.finish_reason(generated, params))
 
-    async def _end_sessions(self, request: Request, drafter) -> None:
+    async def _end_sessions(self, request: Request, drafter) -> str | None:
+        """Ends the request's sessions; returns why the drafter could not be reached, if it could not."""
         ends = [self.verifier.end(request.session_id, request.verifier_token)]
         if drafter is not None and self.drafter_healthy:
             ends.append(drafter.end(request.session_id, request.drafter_token))
@@ -371,7 +380,8 @@ class Gateway:
             task = asyncio.ensure_future(drafter.end(request.session_id, request.drafter_token))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
-        await asyncio.gather(*ends, return_exceptions=True)
+        results = await asyncio.gather(*ends, return_exceptions=True)
+        return results[1] if len(results) > 1 and isinstance(results[1], str) else None
 
     def finish_reason(self, generated: list[int], params: GenerateParams) -> str:
         return "stop" if generated and generated[-1] in self.target.eos_token_ids and not params.ignore_eos else "length"

@@ -2,7 +2,7 @@
 [n, out]), ``rows(ids)`` (exact rows of W: the embedding lookup), ``nbytes``, ``kind``.
 
   * ``BlockWeight``: a GGUF tensor as its blocks, read where they lie in the file's memory map by the C
-    kernels (``native``: F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K) for up to ``WIDE_ROWS`` rows: every row
+    kernels (``quant.QuantWeight``: F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K) for up to ``WIDE_ROWS`` rows: every row
     runs the same code, so a row's result does not depend on the block width. Wider inputs (prefill
     chunks, compute-bound) dequantize ``CHUNK_WEIGHTS`` weights at a time into a scratch tensor and run
     torch's GEMM on it: no fp32 copy of the weight is kept.
@@ -28,7 +28,6 @@ from verifier_service import native
 
 WIDE_ROWS = 32                 # more rows than this: dequantize-and-GEMM (see the module docstring)
 CHUNK_WEIGHTS = 1 << 22        # weights dequantized at a time on that path (16 MB of fp32 scratch)
-KERNEL_KINDS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 def dequantize(kind: str, raw: np.ndarray, out: int, inner: int) -> torch.Tensor:
@@ -93,54 +92,37 @@ class DenseWeight(Weight):
 
 class BlockWeight(Weight):
     """A GGUF tensor as its blocks, read where they lie (``raw``: [out, bytes a row], a view of the file's
-    map) by the C kernels (``native.Kernels.gemm``; ``dequantize_rows`` for exact rows)."""
+    map) by the C kernels (``quant.QuantWeight``)."""
 
     def __init__(self, kind: str, raw: np.ndarray, out: int, inner: int):
         super().__init__()
-        import gguf
+        from verifier_service.quant import QuantWeight
 
+        self.blocks = QuantWeight(kind, raw, out, inner)
         self.kind, self.out, self.inner = kind, int(out), int(inner)
-        self.code = int(gguf.GGMLQuantizationType[kind].value)
-        self.raw = raw                                     # keeps the map's pages reachable
-        self.ptr, self.ldw = raw.ctypes.data, int(raw.strides[0])
-        self.lib = native.library()
 
     def matmul_into(self, x: torch.Tensor, y: torch.Tensor, column: int = 0) -> None:
-        """y[:, column:column + out] = x W^T (y [n, any] contiguous, written in place)."""
+        """y[:, column:column + out] = x W^T (y [n, any], written in place)."""
         n = x.shape[0]
-        if n > WIDE_ROWS:
-            step = max(1, CHUNK_WEIGHTS // self.inner)
-            scratch = torch.empty(min(step, self.out), self.inner)
-            for o0 in range(0, self.out, step):
-                o1 = min(self.out, o0 + step)
-                self._dequantize(o0, o1, scratch)
-                torch.mm(x, scratch[:o1 - o0].t(), out=y[:, column + o0:column + o1])
+        if n <= WIDE_ROWS:
+            self.blocks.matmul(x, out=y[:, column:column + self.out])
             return
-        x = x.contiguous()
-        rc = self.lib.gemm(self.code, x.data_ptr(), n, self.inner, self.ptr, self.ldw, self.out, None,
-                           y.data_ptr() + column * y.element_size(), y.stride(0), torch.get_num_threads())
-        if rc != 0:
-            raise ValueError(f"the {self.kind} kernel refused a {self.out}x{self.inner} weight")
+        step = max(1, CHUNK_WEIGHTS // self.inner)
+        for o0 in range(0, self.out, step):
+            o1 = min(self.out, o0 + step)
+            y[:, column + o0:column + o1] = x @ self.blocks.rows(np.arange(o0, o1)).t()
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.empty(x.shape[0], self.out)
         self.matmul_into(x, y)
         return y
 
-    def _dequantize(self, o0: int, o1: int, y: torch.Tensor) -> None:
-        self.lib.dequantize_rows(self.code, self.ptr + o0 * self.ldw, self.ldw, None, o1 - o0, self.inner,
-                                 y.data_ptr(), torch.get_num_threads())
-
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        ids = ids.to(torch.int64).contiguous()
-        y = torch.empty(ids.shape[0], self.inner)
-        self.lib.dequantize_rows(self.code, self.ptr, self.ldw, ids.data_ptr(), ids.shape[0], self.inner,
-                                 y.data_ptr(), torch.get_num_threads())
-        return y
+        return self.blocks.rows(ids.numpy())
 
     @property
     def nbytes(self) -> int:
-        return self.out * self.ldw
+        return self.blocks.nbytes
 
 
 class Concat(Weight):
@@ -186,10 +168,10 @@ def concat(parts: Sequence[Weight]) -> Weight:
 def has_kernel(kind: str, inner: int) -> bool:
     """Whether the C kernels read ``kind`` blocks here (rows of ``inner`` weights)."""
     from verifier_service.gguf_file import block_geometry
+    from verifier_service.quant import CHUNK, KINDS
 
-    lib = native.library()
-    return (kind in KERNEL_KINDS and lib is not None and hasattr(lib, "dequantize_rows")
-            and inner % block_geometry(kind)[0] == 0 and inner % 32 == 0)
+    return (kind in KINDS and native.library() is not None and inner % block_geometry(kind)[0] == 0
+            and inner % CHUNK == 0)
 
 
 def from_gguf(kind: str, raw: np.ndarray, out: int, inner: int) -> Weight:

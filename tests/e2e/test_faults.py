@@ -129,6 +129,55 @@ def test_drafter_killed_mid_generation_then_restarted(lt, target, verifier, tiny
         drafter.close()
 
 
+def test_drafter_killed_after_the_last_propose_is_named(lt, target, verifier, tiny_long_drafter_onnx, tmp_path):
+    """Kill -9 the drafter in a request's last round, after its last Propose (as in a plain streak of the
+    automatic draft length): the output is plain decoding's, and fallback_reason names the drafter that was
+    found dead when the request ended its session; the gateway marks it down for the next requests."""
+    args = ["--drafter", str(tiny_long_drafter_onnx), "--threads", "1"]
+    drafter = ServiceProcess("drafter", [*args, "--port", "0"], tmp_path)
+    port = drafter.wait_port(60)
+    wait_healthy(f"127.0.0.1:{port}")
+    gw = Gw(lt, verifier, f"127.0.0.1:{port}")
+    n = 64
+    real = gw.gateway.verifier
+
+    class KillInTheLastRound:
+        """The gateway's verifier client; kills the drafter once a Verify completes the request's tokens."""
+
+        def __init__(self):
+            self.emitted = 0
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        async def start(self, *a, **kw):
+            self.emitted = 1
+            return await real.start(*a, **kw)
+
+        async def verify(self, *a, **kw):
+            outcome = await real.verify(*a, **kw)
+            self.emitted += outcome.accepted + 1
+            if self.emitted >= n and drafter.proc.poll() is None:
+                drafter.kill()
+            return outcome
+
+    try:
+        plain = gw.stub.Generate(req(no_speculation=True, max_tokens=n), timeout=120)
+        gw.gateway.verifier = KillInTheLastRound()
+        reply = gw.stub.Generate(req(draft_length=4, max_tokens=n), timeout=120)
+        assert drafter.proc.poll() is not None, "the drafter was not killed"
+        assert list(reply.token_ids) == list(plain.token_ids)
+        stats = reply.stats
+        ks = [r.k for r in stats.round_stats]       # (the last round may be a plain step: one token left)
+        assert stats.speculative and 0 not in ks[:-1], f"it fell back before the kill: {ks}"
+        assert "drafter unavailable" in stats.fallback_reason and f":{port}" in stats.fallback_reason
+        assert not gw.gateway.drafter_healthy and gw.gateway.drafter_down_reason
+    finally:
+        gw.gateway.verifier = real
+        gw.close()
+        drafter.close()
+
+
 def test_drafter_down_at_start_then_coming_up(lt, verifier, tiny_long_drafter_onnx):
     """A gateway started before its drafter decodes target-only, then speculates once the drafter is up."""
     from drafter_service.onnx_drafter import OnnxDrafter

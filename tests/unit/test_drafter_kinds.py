@@ -16,7 +16,7 @@ from drafter_service.factory import drafter_kind, kinds, load_drafter, register_
 from drafter_service.lookup_drafter import LookupDrafter
 from drafter_service.model_drafter import ModelDrafter
 from drafter_service.onnx_drafter import OnnxDrafter
-from tandem.errors import CapacityExceeded, UnknownSession
+from tandem.errors import CapacityExceeded, InvalidInput, UnknownSession
 from tandem.sessions import SessionStore
 from tandem.types import DraftToken, LookupRule, ModelInfo, SamplingParams
 
@@ -155,25 +155,30 @@ def test_chunked_prefill_drafts_what_one_run_drafts(tiny_drafter_onnx, lookup):
     assert kv[0].shape[2] == len(chunked.inner.sessions.get("g0").kv_ids)
 
 
-def test_past_max_context_the_block_shrinks_then_is_empty(tiny_drafter_onnx):
-    """max_context 256: the context plus k-1 fed drafts must fit; past it the drafter proposes nothing
-    (no error: the gateway decodes that round with the target alone) and the session stays usable."""
+def test_past_max_context_the_block_shrinks_then_the_call_is_refused(tiny_drafter_onnx):
+    """max_context 256: the context plus k-1 fed drafts must fit (the block shrinks); a context longer than
+    that is refused (InvalidInput) and nothing of it is kept: the session stays as it was, and a new
+    session is not created."""
     d = OnnxDrafter(tiny_drafter_onnx, threads=1)
     assert d.info.max_context == 256
     ctx = [1] + [int(x) for x in np.random.default_rng(0).integers(3, 63, size=251)]     # 252 tokens
     assert len(d.propose("s", 0, ctx, 4).tokens) == 4                                   # 252 + 3 <= 256
     assert len(d.propose("s", len(ctx), [5, 6], 4).tokens) == 3                        # 254 + 2 = 256
     assert len(d.propose("s", len(ctx) + 2, [7, 8], 4).tokens) == 1                    # 256 tokens: 1 draft
-    assert d.kv_bytes() > 0
-    empty = d.propose("s", len(ctx) + 4, [9], 4)                                       # 257 tokens
-    assert empty.tokens == () and d.kv_bytes() == 0                                     # its KV is freed
-    assert d.propose("s", len(ctx) + 5, [10], 2).tokens == ()                           # prefix still known
+    kv = d.kv_bytes()
+    with pytest.raises(InvalidInput, match="max_context of 256"):
+        d.propose("s", len(ctx) + 4, [9], 4)                                           # 257 tokens
+    assert len(d.sessions.get("s").context) == 256 and d.kv_bytes() == kv             # nothing kept
     assert len(d.propose("s", 100, [], 2).tokens) == 2                                  # a shorter context drafts
+    with pytest.raises(InvalidInput) as err:
+        d.propose("flood", 0, [1] * 2_000_000, 2)
+    assert err.value.param == "appended_tokens" and "flood" not in d.sessions
     hybrid = OnnxDrafter(tiny_drafter_onnx, threads=1, lookup_max_ngram=3, lookup_min_ngram=1,
                          lookup_trust_ngram=4, lookup_check_confidence=0.5)
     edge = ctx + [5, 6, 7, 8]                                                           # 256 tokens, 1 draft
     assert len(hybrid.propose("h", 0, edge, 4).tokens) == 1
-    assert hybrid.propose("h", 0, edge + [9], 4).tokens == ()
+    with pytest.raises(InvalidInput):
+        hybrid.propose("h", 0, edge + [9], 4)
 
 
 def test_the_drafter_has_a_session_cap(tiny_drafter_onnx):

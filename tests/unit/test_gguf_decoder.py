@@ -119,6 +119,17 @@ def test_every_block_type(tmp_path, kind):
     assert torch.equal(logits(decoder, SEQ, range(1, len(SEQ)))[-5:], logits(decoder, SEQ, [len(SEQ) - 5])[-5:])
 
 
+def test_a_wide_prefill_agrees_with_plain_steps(tiny_files):
+    """A prefill chunk of more rows than the kernels take (dequantize a chunk at a time, torch's GEMM) gives the
+    plain steps' logits to fp32 rounding, and the plain steps after it are the same tokens."""
+    decoder = decoder_of(tiny_files["llama"], "native")
+    ids = [(7 * i + 3) % 260 for i in range(45)]
+    wide = logits(decoder, ids)
+    plain = logits(decoder, ids, range(1, len(ids)))
+    torch.testing.assert_close(wide, plain, rtol=1e-4, atol=1e-4 * plain.abs().max().item())
+    assert torch.equal(wide.argmax(-1), plain.argmax(-1))
+
+
 def tiny_target(path, **kw):
     return Target(GgufModel(path), make_tokenizer(260), path.stem, widths=(1, 2, 4), warmup=False, **kw)
 
