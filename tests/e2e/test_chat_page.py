@@ -26,7 +26,17 @@ def page_url(tiny_target_dir, tiny_drafter_onnx):
     from verifier_service.target import Target
 
     stack = Stack(Target.load(str(tiny_target_dir)), OnnxDrafter(tiny_drafter_onnx, threads=1), draft_length=3)
-    handle = stack.lt.run(serve_http(build_app(stack.gateway, token=None, model_name=MODEL)))
+    app = build_app(stack.gateway, token=None, model_name=MODEL)
+    stack.failed = []               # (path, status) of every request the page made that did not succeed
+
+    async def recording(scope, receive, send):
+        async def sending(message):
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                stack.failed.append((scope["path"], message["status"]))
+            await send(message)
+        await app(scope, receive, sending)
+
+    handle = stack.lt.run(serve_http(recording))
     yield handle.url, stack
     stack.lt.run(handle.stop())
     stack.close()
@@ -99,6 +109,7 @@ def test_chat_page_streams_tokens_marked_by_origin(page_url, browser):
     browser.get(url + "/")
     wait_for(browser, "return document.getElementById('models').textContent.includes('←')")
     assert "tiny_target" in browser.find_element("id", "models").text
+    assert browser.execute_script("return document.querySelector('link[rel=icon]').href").endswith("favicon.svg")
 
     # speculation on: drafted tokens accepted by the target and the target's own tokens, marked apart
     send(browser, PROMPT)
@@ -131,6 +142,7 @@ def test_chat_page_streams_tokens_marked_by_origin(page_url, browser):
     assert browser.save_screenshot(str(ARTIFACTS / "chat_page.png"))
     assert (ARTIFACTS / "chat_page.png").stat().st_size > 10_000
     assert stack.target.sessions.count() == 0 and stack.drafter.session_count() == 0
+    assert not stack.failed, stack.failed              # the page asked for nothing missing (no favicon.ico)
 
 
 def test_stop_button_cancels_the_generation(page_url, browser):
