@@ -93,3 +93,59 @@ def interleave_by_category(prompts: list[Prompt]) -> list[Prompt]:
 
 def categories_of(prompts: list[Prompt]) -> list[str]:
     return list(OrderedDict.fromkeys(p.category for p in prompts))
+
+
+# ---- repeated traffic: what a home's drafter box sees (tandem.bench.repeated) ------------------------
+@dataclass(frozen=True)
+class Conversation:
+    """User turns sent one after another, each with the model's earlier replies in the messages (so a later
+    turn's prompt holds the earlier answers). ``system``: a system message first, if any."""
+
+    name: str
+    category: str           # "rephrased", "multi-turn" or "agent"
+    turns: tuple[str, ...]
+    system: str = ""
+
+
+_TOPICS = (
+    ("a KV cache in a transformer", "KV caches in transformers"),
+    ("photosynthesis", "photosynthesis in plants"),
+    ("a hash table", "hash tables"),
+    ("compound interest", "compound interest on savings"),
+    ("the water cycle", "the water cycle on Earth"),
+    ("a binary search", "binary search over a sorted list"),
+)
+_PHRASINGS = (
+    "What is {0}? Explain it briefly.",
+    "Can you explain {1} to me in simple words?",
+    "Briefly, how does {0} work?",
+)
+_FOLLOW_UPS = ("Say that again, word for word.", "Now repeat your first answer and add one example.")
+_TOOLS = """You are a home assistant that controls devices by calling functions. Answer every request with a
+single JSON function call and nothing else, in exactly this form:
+{"name": "<function>", "arguments": {<arguments>}}
+Functions:
+- set_light(room: string, on: boolean, brightness: integer 0-100)
+- set_thermostat(room: string, celsius: number)
+- get_weather(city: string)
+- add_to_shopping_list(item: string, quantity: integer)
+Example: for "Turn on the kitchen light at half brightness" answer
+{"name": "set_light", "arguments": {"room": "kitchen", "on": true, "brightness": 50}}"""
+_TASKS = ("Turn on the living room light at full brightness.", "Set the bedroom to 21 degrees.",
+          "What's the weather in Paris?", "Add two cartons of milk to the shopping list.",
+          "Turn off the kitchen light.", "Set the office thermostat to 19.5 degrees.",
+          "What's the weather in Tokyo?", "Add a dozen eggs to the shopping list.")
+
+
+def repeated_traffic() -> list[Conversation]:
+    """A home's traffic, where text recurs across requests: each question asked in three phrasings
+    (two questions at a time, interleaved, so a phrasing comes after the other question's answer),
+    multi-turn chats whose later turns ask the model to repeat earlier answers, and an agent issuing the
+    same JSON function-call scaffolding for different tasks. Fixed text (no randomness), English, no
+    outside data. Within a category the order is the run order (a prefix of it still repeats itself)."""
+    out = [Conversation(f"rephrased/{t}-{p}", "rephrased", (_PHRASINGS[p].format(*_TOPICS[t]),))
+           for pair in range(0, len(_TOPICS), 2) for p in range(len(_PHRASINGS)) for t in (pair, pair + 1)]
+    out += [Conversation(f"multi-turn/{t}", "multi-turn", (_PHRASINGS[0].format(*_TOPICS[t]), *_FOLLOW_UPS))
+            for t in range(0, len(_TOPICS), 2)]
+    out += [Conversation(f"agent/{i}", "agent", (task,), system=_TOOLS) for i, task in enumerate(_TASKS)]
+    return out
