@@ -6,6 +6,11 @@ A model spec is one of:
   * a ``.gguf`` file       loaded with transformers' GGUF support (needs ``gguf``);
   * a directory            a Hugging Face model directory (config.json + weights + tokenizer).
 
+``load_causal_lm`` is transformers' load (a GGUF file dequantized whole to fp32): the reference, and the
+verifier's fallback where its GGUF fast path (``verifier_service.gguf_model``, which reads the file itself)
+does not run. ``load_tokenizer`` of a GGUF file is transformers' conversion of its vocabulary, made once
+per file and cached (``verifier_service.gguf_model.tokenizer_dir``).
+
 torch and transformers are imported lazily: the drafter node never calls this module.
 """
 
@@ -62,7 +67,11 @@ def load_tokenizer(spec: str | os.PathLike | None):
     from transformers import AutoTokenizer
 
     loc = resolve(spec)
-    return AutoTokenizer.from_pretrained(loc.directory, gguf_file=loc.gguf_file)
+    if loc.gguf_file:
+        from verifier_service.gguf_model import tokenizer_dir
+
+        return AutoTokenizer.from_pretrained(tokenizer_dir(loc.directory / loc.gguf_file))
+    return AutoTokenizer.from_pretrained(loc.directory)
 
 
 def model_device(model):

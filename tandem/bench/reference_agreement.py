@@ -94,6 +94,8 @@ def main(argv=None) -> int:
             identical += 1
         for j, theirs, ours, gap in differing[:1]:                 # after the first, the contexts differ anyway
             ties.append((i, j, theirs, ours, gap))
+        print(f"  prompt {i}: {'identical' if not differing else f'first difference at token {differing[0][0]}'}",
+              flush=True)
     print(f"- {identical} of {len(runs)} prompts x {args.tokens} tokens identical; max |logit| difference "
           f"(same context) {worst:.2e}")
     for i, j, theirs, ours, gap in ties:
