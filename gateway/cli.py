@@ -35,6 +35,10 @@ def configure(p) -> None:
          "whatever the drafter sends, so a drafter can only cost speed; a request's seed always couples) or "
          "'rejection' (rejection sampling, exact only if the drafter reports the distribution it drew from)",
          choices=("coupled", "rejection"))
+    flag(p, "no-draft-ahead", help="ask the drafter for each block when the round needs it (Propose), instead of "
+         "having it draft the next block while the verifier checks this one (its DraftAhead stream)", cast=bool)
+    flag(p, "lookup-only", help="no drafter node: speculate only with blocks that prompt lookup over the sequence "
+         "supplies, copied by the gateway (the baseline that shows what a drafter node adds)", cast=bool)
     flag(p, "wait", 300.0, float, help="seconds to wait for the verifier at start")
     flag(p, "max-concurrent-requests", 64, int, help="requests served at once; more are refused at once with "
          "RESOURCE_EXHAUSTED (0: no limit)")
@@ -83,9 +87,11 @@ async def run(args) -> int:
                            max_concurrent_requests=args.max_concurrent_requests,
                            drafter_retry_max_s=args.drafter_retry_max,
                            local_lookup=not args.no_local_lookup, probe_budget=args.probe_budget,
+                           draft_ahead=not args.no_draft_ahead, lookup_only=args.lookup_only,
                            unseeded_sampling=args.unseeded_sampling,
                            max_prompt_tokens=args.max_prompt_tokens, max_request_bytes=args.max_request_bytes)
-    gateway = await connect_gateway(args.verifier, args.drafter or None, config, wait_s=args.wait,
+    gateway = await connect_gateway(args.verifier, None if args.lookup_only else args.drafter or None, config,
+                                    wait_s=args.wait,
                                     interceptors=tracing.client_interceptors(),
                                     drafter_timeout_s=args.drafter_timeout, verifier_timeout_s=args.verifier_timeout)
     http = None

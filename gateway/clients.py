@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from gateway.ahead import DraftedPath
 from gateway.ports import DrafterLostSession, DrafterUnavailable
 from tandem.convert import draft_from_pb, draft_to_pb, info_from_pb, sampling_to_pb, target_info_from_pb
 from tandem.errors import error_for_status
@@ -120,6 +121,7 @@ class DrafterClient:
         # sessions the drafter had no room for (RESOURCE_EXHAUSTED): their requests draft no more, but the drafter
         # is up (the gateway does not turn speculation off for everyone over them)
         self.refused: set[str] = set()
+        self.ahead_supported = True     # False once a DraftAhead stream said UNIMPLEMENTED (an older drafter)
 
     async def info(self, wait_s: float | None = None) -> ModelInfo:
         try:
@@ -168,5 +170,107 @@ class DrafterClient:
             pass
         return None
 
+    def open_ahead(self, session_id: str, token: str, sampling: SamplingParams) -> "AheadStream | None":
+        """A DraftAhead stream for one session; None once this drafter turned out not to serve DraftAhead."""
+        return AheadStream(self, session_id, token, sampling) if self.ahead_supported else None
+
     async def close(self) -> None:
         await self.channel.close()
+
+
+class AheadUnsupported(DrafterUnavailable):
+    """The drafter does not serve DraftAhead (an older drafter): the gateway asks it with Propose instead."""
+
+
+class AheadStream:
+    """One session's DraftAhead stream (``drafter_service.ahead``): ``sync`` sends the real sequence as it grows
+    and how many tokens to keep drafted beyond it; the drafted path streams back into ``path`` as it is drafted
+    (``gateway.ahead.DraftedPath``), and ``usable``/``wait`` give the tokens a round may propose. Any failure of
+    the stream becomes DrafterUnavailable (UNIMPLEMENTED: AheadUnsupported), raised by the next call; the session
+    of a stream refused for lack of room (RESOURCE_EXHAUSTED) joins the client's ``refused``, as with Propose."""
+
+    def __init__(self, client: "DrafterClient", session_id: str, token: str, sampling: SamplingParams):
+        self.client, self.session_id, self.token, self.sampling = client, session_id, token, sampling
+        self.path = DraftedPath()
+        self.compute_ms = 0.0                   # drafter compute the stream reported (off the critical path)
+        self._sent = 0                          # tokens of the sequence sent so far
+        self._arrived = asyncio.Event()
+        self._error: DrafterUnavailable | None = None
+        deadline = _request_deadline.get()
+        self._call = client.stub.DraftAhead(timeout=call_timeout(3600.0) if deadline else None)
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def sync(self, sequence: Sequence[int], ahead: int) -> None:
+        """The real sequence is ``sequence`` (it only grows); keep ``ahead`` tokens drafted beyond it."""
+        self._raise()
+        msg = drafter_pb2.DraftAheadRequest(position=self._sent, appended_tokens=list(sequence[self._sent:]),
+                                            ahead=ahead)
+        if self._sent == 0:
+            msg.session_id, msg.session_token = self.session_id, self.token
+            msg.sampling.CopyFrom(sampling_to_pb(self.sampling))
+        try:
+            await self._call.write(msg)
+        except Exception as exc:                      # noqa: BLE001 - the stream is gone: its reader says why
+            await asyncio.wait([self._reader], timeout=1.0)
+            self._raise()
+            raise DrafterUnavailable(f"drafter {self.client.address}: DraftAhead stream closed ({exc!r})") from exc
+        self._sent = len(sequence)
+
+    def usable(self, sequence: Sequence[int]) -> list[DraftToken]:
+        """The drafted tokens a round may propose after ``sequence`` now (drafted from exactly that context)."""
+        self._raise()
+        return self.path.usable(sequence)
+
+    async def wait(self, sequence: Sequence[int], n: int, timeout_s: float) -> list[DraftToken]:
+        """``usable(sequence)`` once it holds ``n`` tokens or the drafter says it has no more for this context
+        (maybe none: a drafter with nothing to propose), or what it holds after ``timeout_s`` (nothing then:
+        DrafterUnavailable)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._arrived.clear()
+            got = self.usable(sequence)
+            if len(got) >= n or self.path.exhausted(sequence):
+                return got
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if got:
+                    return got
+                raise DrafterUnavailable(f"drafter {self.client.address}: no drafted tokens within "
+                                         f"{timeout_s:.0f} s")
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                pass
+
+    async def close(self) -> None:
+        """Ends the stream (and so the drafter's session)."""
+        if not self._reader.done():
+            self._call.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    async def _read(self) -> None:
+        try:
+            async for chunk in self._call:
+                self.path.receive(chunk.path_id, chunk.position, draft_from_pb(chunk.tokens))
+                self.compute_ms += chunk.compute_ms
+                self._arrived.set()
+            self._error = DrafterUnavailable(f"drafter {self.client.address}: DraftAhead stream ended")
+        except grpc.aio.AioRpcError as err:
+            what = f"drafter {self.client.address}: {err.code().name}: {err.details()}"
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self.client.ahead_supported = False
+                self._error = AheadUnsupported(what)
+            elif err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:     # no room for this session: not down
+                self.client.refused.add(self.session_id)
+                self._error = DrafterUnavailable(what)
+            elif err.code() != grpc.StatusCode.CANCELLED:
+                self._error = DrafterUnavailable(what)
+            else:
+                self._error = DrafterUnavailable(f"drafter {self.client.address}: DraftAhead stream cancelled")
+        except Exception as exc:                      # noqa: BLE001 - a chunk that does not parse
+            self._error = DrafterUnavailable(f"drafter {self.client.address}: unusable DraftAhead chunk ({exc!r})")
+        self._arrived.set()

@@ -32,7 +32,12 @@ from tandem import telemetry
 from tandem.draft_checks import check_ids
 from tandem.errors import IncompatibleDrafter, InvalidInput, Overloaded  # noqa: F401 - raised here, re-exported
 from tandem.round_record import Round
-from tandem.types import ModelInfo, SamplingParams, TargetInfo
+from tandem.types import LookupRule, ModelInfo, SamplingParams, TargetInfo
+
+# --lookup-only: the rule the default drafter node serves (tandem serve-drafter --lookup-ngram 4
+# --lookup-min-ngram 1), run and copied by the gateway itself
+LOOKUP_ONLY_RULE = LookupRule(max_ngram=4, min_ngram=1, trust_ngram=1)
+LOOKUP_ONLY_NAME = "prompt lookup (gateway)"
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,8 @@ class GatewayConfig:
     drafter_retry_max_s: float = 15.0     # longest wait between probes of a failed drafter
     max_concurrent_requests: int = 64     # more at once are refused (RESOURCE_EXHAUSTED); 0: no limit
     local_lookup: bool = True             # blocks prompt lookup supplies whole are copied here (gateway.rounds)
+    draft_ahead: bool = True              # the drafter drafts the next block while the verifier checks this one
+    lookup_only: bool = False             # no drafter: blocks prompt lookup supplies, copied here (LOOKUP_ONLY_RULE)
     probe_budget: float = 0.005           # auto: worst-case share of plain throughput spent probing a losing drafter
     max_prompt_tokens: int = 0            # longest prompt in tokens (0: the target's context less one)
     max_request_bytes: int = 2 << 20      # longest request: prompt text (checked before tokenizing), gRPC message
@@ -322,12 +329,13 @@ class Gateway:
         pinned = self.validate(params, prompt_ids)          # 0: auto
         k = pinned or self.config.max_draft_length          # the most a round may draft
         speculate = not (params.no_speculation or self.config.no_speculation)
-        drafter = await self.usable_drafter() if speculate else None
+        drafter = await self.usable_drafter() if speculate and not self.config.lookup_only else None
+        copying = speculate and self.config.lookup_only         # speculation by gateway lookup copies alone
         stats.prompt_tokens = len(prompt_ids)
         stats.target_model = self.target.model_name
-        stats.speculative = drafter is not None
-        stats.draft_model = self.drafter_name if drafter is not None else ""
-        if speculate and drafter is None:
+        stats.speculative = drafter is not None or copying
+        stats.draft_model = self.drafter_name if drafter is not None else LOOKUP_ONLY_NAME if copying else ""
+        if speculate and drafter is None and not copying:
             stats.fallback_reason = self.drafter_down_reason or "no drafter configured"
         # Not made current: it lives across this generator's yields. Prefill and rounds get it as parent.
         span = tracing.start_request_span(params, self.target.model_name, k if drafter is not None else 0,
@@ -336,18 +344,24 @@ class Gateway:
                           drafter_token=secrets.token_hex(16), vocab_size=self.target.vocab_size,
                           prompt_ids=tuple(prompt_ids),
                           max_tokens=min(params.max_tokens, self.target.max_context - len(prompt_ids)),
-                          sampling=self.session_sampling(params.sampling), k=k if drafter is not None else 0,
+                          sampling=self.session_sampling(params.sampling),
+                          k=k if drafter is not None or copying else 0, lookup_only=copying,
                           min_confidence=self.draft_confidence(params),
                           eos_token_ids=frozenset() if params.ignore_eos else frozenset(self.target.eos_token_ids),
                           max_context=self.drafting_context(), trace_context=telemetry.context_with(span),
-                          lookup=self._drafter_info.lookup if drafter is not None and self._drafter_info else None,
-                          local_lookup=self.config.local_lookup)
+                          lookup=(LOOKUP_ONLY_RULE if copying else self._drafter_info.lookup
+                                  if drafter is not None and self._drafter_info else None),
+                          local_lookup=self.config.local_lookup, draft_ahead=self.config.draft_ahead,
+                          drafter_timeout_s=getattr(drafter, "timeout_s", 15.0))
         generated: list[int] = []
         detokenizer = IncrementalDetokenizer(self.tokenizer, skip_ids=self._skip_ids)   # new text only, each round
         self.metrics.active_sessions.inc()
+        rounds = None
         try:
-            policy = self.draft_length_policy(pinned, params.sampling) if drafter is not None else None
-            async for rnd in generate_rounds(request, self.verifier, drafter, policy):
+            policy = (self.draft_length_policy(pinned, params.sampling) if drafter is not None or copying
+                      else None)
+            rounds = generate_rounds(request, self.verifier, drafter, policy)
+            async for rnd in rounds:
                 stats.add(rnd)
                 self.metrics.round(rnd, stats)
                 if rnd.fallback_reason and request.session_id not in getattr(drafter, "refused", ()):
@@ -362,6 +376,9 @@ class Gateway:
             telemetry.record_error(span, exc)
             raise
         finally:
+            if rounds is not None:
+                with contextlib.suppress(Exception):
+                    await rounds.aclose()           # ends the drafting-ahead stream now, not at collection
             with contextlib.suppress(Exception):
                 lost = await asyncio.shield(self._end_sessions(request, drafter))
                 if lost:                    # it died after its last Propose (a plain streak, the last round)

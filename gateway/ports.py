@@ -28,7 +28,27 @@ class DrafterPort(Protocol):
                       sampling: SamplingParams, min_confidence: float = 0.0, token: str = "") -> Proposal:
         """Up to k draft tokens (exactly k when ``min_confidence`` is 0). ``token``: the session's secret."""
 
-    async def end(self, session_id: str, token: str = "") -> None: ...
+    async def end(self, session_id: str, token: str = "") -> str | None:
+        """Frees the session; returns why the drafter could not be reached, if it could not (else None)."""
+
+    # Optional: a drafter that drafts ahead of verification (drafter_service.ahead) also offers
+    #     open_ahead(session_id, token, sampling) -> AheadPort | None
+    # (None: not for this drafter); without it every block is asked for with propose.
+
+
+class AheadPort(Protocol):
+    """One session's drafting-ahead stream (gateway.clients.AheadStream)."""
+
+    async def sync(self, sequence: Sequence[int], ahead: int) -> None:
+        """The real sequence is now ``sequence`` (it only grows); keep ``ahead`` tokens drafted beyond it."""
+
+    def usable(self, sequence: Sequence[int]) -> list[DraftToken]:
+        """Drafted tokens a block may propose after ``sequence`` now (drafted from exactly that context)."""
+
+    async def wait(self, sequence: Sequence[int], n: int, timeout_s: float) -> list[DraftToken]:
+        """``usable(sequence)`` once it holds ``n`` tokens, or what it holds after ``timeout_s``."""
+
+    async def close(self) -> None: ...
 
 
 class VerifierPort(Protocol):

@@ -35,6 +35,7 @@ class Round:
     overhead_ms: float = figure(0.0, "network ms", 10, ".1f")  # round wall time minus both servers' compute
     round_ms: float = figure(0.0, "round ms", 9, ".1f")    # wall time of the round as seen by the gateway
     k_reason: str = figure("", "why k", 10)            # the draft-length choice: best, probe, pinned, ...
+    source: str = figure("", "block", 7)               # where the block came from: copy, ahead, wait, propose
     expected_tokens: float = figure(0.0, "E[tok]", 6, ".2f")          # what the choice expected to emit
     expected_tokens_per_ms: float = figure(0.0, "E[tok/s]", 8, ".1f")  # ... per ms (the table shows per s)
     fallback_reason: str = figure("", "", 0, table=False)  # set on the round where speculation was abandoned

@@ -120,7 +120,7 @@ class Security:
         return ((AUTH_KEY, f"Bearer {self.token}"),) if self.token else ()
 
     def client_interceptors(self) -> list:
-        return [TokenClientInterceptor(self.token)] if self.token else []
+        return token_interceptors(self.token) if self.token else []
 
     def sync_channel(self, address: str, options: Sequence = ()) -> grpc.Channel:
         """A blocking channel (``tandem generate``); send ``call_metadata()`` with each call."""
@@ -214,17 +214,32 @@ def _with_token(details: grpc.aio.ClientCallDetails, token: str) -> grpc.aio.Cli
     return details._replace(metadata=metadata)
 
 
-class TokenClientInterceptor(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
-    """Adds ``authorization: Bearer <token>`` to every call of an aio channel."""
-
+class _Token:
     def __init__(self, token: str):
         self._token = token
+
+
+class TokenClientInterceptor(_Token, grpc.aio.UnaryUnaryClientInterceptor):
+    """Adds ``authorization: Bearer <token>`` to the unary calls of an aio channel. grpc registers an interceptor
+    for the first call kind it implements only, so each kind has its own class (``token_interceptors``)."""
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):
         return await continuation(_with_token(client_call_details, self._token), request)
 
+
+class _TokenUnaryStream(_Token, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):
         return await continuation(_with_token(client_call_details, self._token), request)
+
+
+class _TokenStreamStream(_Token, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return await continuation(_with_token(client_call_details, self._token), request_iterator)
+
+
+def token_interceptors(token: str) -> list:
+    """The bearer token on every call of an aio channel: unary, server-streaming and bidirectional calls."""
+    return [TokenClientInterceptor(token), _TokenUnaryStream(token), _TokenStreamStream(token)]
 
 
 # ---- tandem certs -----------------------------------------------------------------------------------

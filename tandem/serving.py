@@ -106,7 +106,7 @@ def _lenient(parse: Callable[[bytes], object], method: str) -> Callable[[bytes],
     return deserialize
 
 
-def _serve(behaviour, method: str, streaming: bool):
+def _serve(behaviour, method: str, streaming: bool, client_streaming: bool = False):
     """One RPC: a request that does not parse is INVALID_ARGUMENT, the caller's peer is
     ``tandem.sessions.CALLER`` while it runs, and errors end it as ``abort_with`` says."""
     async def refuse(request, context) -> None:
@@ -142,6 +142,25 @@ def _serve(behaviour, method: str, streaming: bool):
         del request
         await abort_with(context, error, method)
 
+    async def requests(request_iterator, context):
+        async for request in request_iterator:
+            await refuse(request, context)
+            yield request
+
+    async def bidi(request_iterator, context):
+        caller = CALLER.set(context.peer())
+        try:
+            async for reply in behaviour(requests(request_iterator, context), context):
+                yield reply
+            return
+        except Exception as exc:
+            error = exc
+        finally:
+            CALLER.reset(caller)
+        await abort_with(context, error, method)
+
+    if client_streaming:
+        return bidi
     return stream if streaming else unary
 
 
@@ -155,8 +174,9 @@ def add_servicer(server: grpc.aio.Server, servicer, service) -> None:
     for m in service.methods:
         request_cls = message_factory.GetMessageClass(m.input_type)
         reply_cls = message_factory.GetMessageClass(m.output_type)
-        make = grpc.unary_stream_rpc_method_handler if m.server_streaming else grpc.unary_unary_rpc_method_handler
-        handlers[m.name] = make(_serve(getattr(servicer, m.name), m.full_name, m.server_streaming),
+        make = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
+                (True, True): grpc.stream_stream_rpc_method_handler}[(m.client_streaming, m.server_streaming)]
+        handlers[m.name] = make(_serve(getattr(servicer, m.name), m.full_name, m.server_streaming, m.client_streaming),
                                 request_deserializer=_lenient(request_cls.FromString, m.full_name),
                                 response_serializer=reply_cls.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))

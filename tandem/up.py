@@ -58,6 +58,10 @@ def configure(p):
     flag(p, "unseeded-sampling", "coupled", help="a sampled request without a seed: 'coupled' (a secret seed: "
          "the drafter can only cost speed) or 'rejection' (trusts the drafter's q); the gateway's "
          "--unseeded-sampling", choices=("coupled", "rejection"))
+    flag(p, "lookup-only", help="no drafter node: the gateway speculates only with blocks prompt lookup supplies, "
+         "copied from the sequence itself (shows what the drafter node adds)", cast=bool)
+    flag(p, "no-draft-ahead", help="the gateway asks the drafter for each block when the round needs it instead "
+         "of having it draft the next block while the verifier checks this one", cast=bool)
     flag(p, "drafter-threads", 1, int, help="ONNX Runtime threads of the drafter")
     flag(p, "verifier-threads", 0, int, help="torch threads of the verifier (0: torch's default)")
     flag(p, "verifier-cpus", None, help="pin the verifier and the gateway to these CPUs, e.g. '0' (Linux; "
@@ -480,18 +484,24 @@ def start_cluster(args) -> Cluster:
     deadline = time.monotonic() + args.startup_timeout
     note(f"logs: {log_dir}/{{verifier,drafter,gateway}}.log"
          + (f" (removed {len(removed)} old {LOG_PREFIX}* log folder{'s' * (len(removed) != 1)})" if removed else ""))
-    note(f"starting {_label('verifier', args.target)} and {_label('drafter', args.drafter)}")
+    note(f"starting {_label('verifier', args.target)}" + ("" if getattr(args, "lookup_only", False)
+                                                          else f" and {_label('drafter', args.drafter)}"))
     base = getattr(args, "metrics_port", None)
     metrics = (lambda n: ["--metrics-port", str(base + n)]) if base else (lambda n: [])
     pin = (lambda cpus: ["--cpus", str(cpus)] if cpus else [])
     try:
         cluster.spawn("verifier", ["--target", args.target, "--threads", str(args.verifier_threads),
                                    *pin(v_cpus), *metrics(1)], label=_label("verifier", args.target))
-        cluster.spawn("drafter", ["--drafter", args.drafter, "--threads", str(args.drafter_threads),
-                                  *pin(d_cpus), *metrics(2)], label=_label("drafter", args.drafter))
-        cluster.wait_up(["verifier", "drafter"], deadline)
-        verifier, drafter = cluster.ports["verifier"], cluster.ports["drafter"]
-        cluster.spawn("gateway", ["--verifier", f"{DEFAULT_HOST}:{verifier}", "--drafter", f"{DEFAULT_HOST}:{drafter}",
+        lookup_only = getattr(args, "lookup_only", False)
+        if not lookup_only:
+            cluster.spawn("drafter", ["--drafter", args.drafter, "--threads", str(args.drafter_threads),
+                                      *pin(d_cpus), *metrics(2)], label=_label("drafter", args.drafter))
+        cluster.wait_up(["verifier"] + ([] if lookup_only else ["drafter"]), deadline)
+        verifier, drafter = cluster.ports["verifier"], cluster.ports.get("drafter")
+        cluster.spawn("gateway", ["--verifier", f"{DEFAULT_HOST}:{verifier}",
+                                  *(["--lookup-only", "--drafter", ""] if lookup_only
+                                    else ["--drafter", f"{DEFAULT_HOST}:{drafter}"]),
+                                  *(["--no-draft-ahead"] if getattr(args, "no_draft_ahead", False) else []),
                                   "--draft-length", str(args.draft_length or "auto"),
                                   *(["--max-draft-length", str(args.max_draft_length)]
                                     if getattr(args, "max_draft_length", None) else []),
@@ -506,7 +516,8 @@ def start_cluster(args) -> Cluster:
     except BaseException:
         cluster.stop()
         raise
-    note(f"up: gateway {DEFAULT_HOST}:{gateway}  verifier {DEFAULT_HOST}:{verifier}  drafter {DEFAULT_HOST}:{drafter}")
+    note(f"up: gateway {DEFAULT_HOST}:{gateway}  verifier {DEFAULT_HOST}:{verifier}  "
+         + (f"drafter {DEFAULT_HOST}:{drafter}" if drafter else "no drafter (--lookup-only)"))
     return cluster
 
 

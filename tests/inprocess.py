@@ -37,3 +37,40 @@ class LocalDrafter:
 
     async def end(self, session_id, token=""):
         self.drafter.end_session(session_id)
+
+
+class LocalAhead:
+    """A drafting-ahead stream without the network: the drafter's path (drafter_service.ahead.AheadPath) and the
+    gateway's copy of it (gateway.ahead.DraftedPath); each sync drafts at once all the path wants."""
+
+    def __init__(self, drafter, session_id, token, sampling):
+        from drafter_service.ahead import AheadPath
+        from gateway.ahead import DraftedPath
+
+        self.path = AheadPath(drafter, session_id, token, sampling)
+        self.copy = DraftedPath()
+        self.sent = 0
+
+    async def sync(self, sequence, ahead):
+        self.path.sync(self.sent, list(sequence[self.sent:]), ahead)
+        self.sent = len(sequence)
+        while self.path.wanted():
+            chunk = self.path.draft()
+            if chunk is not None:
+                self.copy.receive(chunk.path_id, chunk.position, chunk.tokens)
+
+    def usable(self, sequence):
+        return self.copy.usable(sequence)
+
+    async def wait(self, sequence, n, timeout_s):
+        return self.copy.usable(sequence)
+
+    async def close(self):
+        self.path.drafter.end_session(self.path.session_id)
+
+
+class LocalAheadDrafter(LocalDrafter):
+    """LocalDrafter that also drafts ahead (LocalAhead), as a DraftAhead drafter does."""
+
+    def open_ahead(self, session_id, token, sampling):
+        return LocalAhead(self.drafter, session_id, token, sampling)

@@ -1,0 +1,128 @@
+"""Drafting ahead of verification: one session's path of drafted tokens beyond the real context.
+
+The gateway tells the drafter the real context (prompt + emitted tokens) as it grows, one message a round,
+and how many tokens it wants drafted beyond it (``ahead``). The drafter keeps a *path*: tokens it drafted
+continuing the real context, one after another, each from the context before it (real tokens, then the
+path's own). While the verifier checks one block, the drafter drafts the next one on its own box, so when
+the round ends the next block is usually there already: the drafter's time and the link's round trip leave
+the critical path.
+
+When the real context grows along the path (the block was accepted and the target's own next token is the
+path's next token), the rest of the path stays valid and drafting goes on from its end. When it leaves the
+path (a rejected token, another bonus token), the path is dropped and a new one (a new ``path_id``) is
+drafted from the real context; chunks of a dropped path that were in flight are void.
+
+Exactness: every token of a path is drawn by the drafter's own randomness from q(. | c), c the context
+before it, and q is reported with it. The gateway uses a token only where c is the real context (it checks
+the path's earlier tokens against what was really emitted): it is then a proposal for the real context like
+any other, so verification keeps the output exactly the target's. Which paths get used depends on the
+target's past choices and the path's earlier tokens, never on the token's own value given c.
+
+No grpc here: ``drafter_service.servicer`` streams what ``AheadPath`` drafts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from tandem.errors import InvalidInput
+from tandem.types import DraftToken, SamplingParams
+
+MAX_AHEAD = 64                      # the most tokens a gateway may ask to be kept drafted
+FIRST_CHUNK = 1                     # tokens drafted by the first call after a new path: out as soon as possible
+CHUNK = 4                           # then up to this many a call (fewer Python round trips; a sync waits at most one)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Tokens drafted continuing path ``path_id`` at sequence position ``position``."""
+
+    path_id: int
+    position: int
+    tokens: tuple[DraftToken, ...]
+    compute_ms: float
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class AheadPath:
+    """The real context and the path drafted beyond it for one session of ``drafter`` (a
+    ``drafter_service.drafter.Drafter``). ``sync`` (from the stream's reader) and ``draft`` (from a worker
+    thread) may run at the same time: state changes happen under a lock, the drafting outside it."""
+
+    def __init__(self, drafter, session_id: str, token: str, sampling: SamplingParams):
+        self.drafter, self.session_id, self.token, self.sampling = drafter, session_id, token, sampling
+        self.context: list[int] = []            # the real context, as the gateway sent it
+        self.path: list[DraftToken] = []        # drafted beyond it
+        self.path_id = 0
+        self.ahead = 0
+        self._stalled = False                   # the drafter offered nothing more for this context (its end,
+                                                # or a drafter with nothing to propose): wait for the next sync
+        self._seen: list[int] = []              # the context the drafter's session last drafted from
+        self._lock = threading.Lock()
+
+    # ---- what the gateway says ----------------------------------------------------------------
+    def sync(self, position: int, appended: list[int], ahead: int) -> None:
+        """The real context is its first ``position`` tokens + ``appended``; keep ``ahead`` tokens drafted.
+        Keeps the path where the new context runs along it, else starts a new one."""
+        if not 0 <= ahead <= MAX_AHEAD:
+            raise InvalidInput(f"ahead must be between 0 and {MAX_AHEAD}, got {ahead}")
+        with self._lock:
+            if not 0 <= position <= len(self.context):
+                raise InvalidInput(f"position {position} is outside the {len(self.context)} tokens of context "
+                                   "sent so far")
+            appended = [int(t) for t in appended]
+            context = self.context[:position] + appended
+            if not context:
+                raise InvalidInput("empty context: the first message carries the prompt")
+            # the new context runs along the path: its drafted tokens past the new context stay, and what is
+            # drafted next still continues the same path (contiguous)
+            if (position == len(self.context) and len(appended) <= len(self.path)
+                    and appended == [t.token_id for t in self.path[:len(appended)]]):
+                self.path = self.path[len(appended):]
+            else:
+                self.path_id += 1
+                self.path = []
+            self.context = context
+            self.ahead = ahead
+            self._stalled = False
+
+    # ---- drafting -----------------------------------------------------------------------------
+    def wanted(self) -> int:
+        """Tokens to draft now to have ``ahead`` beyond the real context (0: nothing to do)."""
+        with self._lock:
+            return 0 if self._stalled else max(0, self.ahead - len(self.path))
+
+    def draft(self) -> Chunk | None:
+        """Drafts the next tokens of the path (one after a new path, then up to ``CHUNK``) and appends them;
+        returns them (no tokens: the drafter has nothing more to offer for this context until the next sync),
+        or None when a sync moved the path meanwhile (the tokens are then void) or there was nothing to draft."""
+        with self._lock:
+            n = 0 if self._stalled else self.ahead - len(self.path)
+            if n <= 0:
+                return None
+            n = min(n, FIRST_CHUNK if not self.path else CHUNK)
+            path_id = self.path_id
+            full = self.context + [t.token_id for t in self.path]
+        t0 = time.perf_counter()
+        prefix = _common_prefix(self._seen, full)
+        proposal = self.drafter.propose(self.session_id, prefix, full[prefix:], n, self.sampling, 0.0, self.token)
+        self._seen = full
+        ms = (time.perf_counter() - t0) * 1e3
+        with self._lock:
+            if self.path_id != path_id or self.context + [t.token_id for t in self.path] != full:
+                return None
+            if not proposal.tokens:
+                self._stalled = True                        # e.g. the end of the context: until the next sync
+                return Chunk(path_id, len(full), (), ms)    # says so: the gateway stops waiting for more
+            tokens = tuple(proposal.tokens[:n])
+            self.path.extend(tokens)
+            return Chunk(path_id, len(full), tokens, ms)

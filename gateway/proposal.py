@@ -1,0 +1,187 @@
+"""The proposal step of a round: where the block the verifier checks comes from.
+
+For a round that drafts k tokens (k chosen by the draft-length policy), in order:
+
+1. a **copy**: prompt lookup over the sequence supplies the whole block with the drafter's own rule, unchecked
+   (``Request.lookup``, ``Request.local_lookup``): the gateway copies it itself, no drafter call;
+2. **drafted ahead**: the drafter streams a path of tokens drafted beyond the real sequence while the verifier
+   checks the previous block (``gateway.clients.AheadStream``; the drafter's side: ``drafter_service.ahead``).
+   Tokens drafted from exactly the real context are ready at once ("ahead"); when fewer than k are, the round
+   waits for the stream to bring them ("wait"), as long as a Propose call would take;
+3. a **Propose** call (drafters without DraftAhead, in-process adapters): the drafter syncs to the sequence it
+   is sent (only what it has not seen), drafts, and replies; a drafter that lost the session gets it all again.
+
+Whatever the drafter sends is checked before the verifier sees it (``check_proposal``). A drafter that fails or
+misbehaves in any way costs speed, never the request: the step reports a fallback, and the request goes on
+decoding with the target alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.ports import AheadPort, DrafterLostSession, DrafterPort, DrafterUnavailable
+from tandem.draft_checks import check_draft
+from tandem.errors import CapacityExceeded, InvalidInput
+from tandem.lookup import lookup_proposal
+from tandem.types import Proposal, SamplingParams
+
+AHEAD_MAX = 64          # the most tokens a stream is asked to keep drafted (the drafter's own bound)
+
+
+def check_proposal(proposal: Proposal, k: int, vocab_size: int, sampled: bool) -> None:
+    """Raises DrafterUnavailable when a proposal cannot be verified as is (more than k tokens, ids outside
+    the target's vocabulary, a q that cannot be the one the tokens were drawn from: tandem.draft_checks)."""
+    if not math.isfinite(proposal.compute_ms):
+        raise DrafterUnavailable(f"drafter reported compute_ms {proposal.compute_ms}")
+    try:
+        check_draft(proposal.tokens, vocab_size or 2**31 - 1, sampled, max_block=k)
+    except (InvalidInput, CapacityExceeded) as exc:
+        raise DrafterUnavailable(f"drafter sent an unusable proposal: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class ProposalStep:
+    """One round's block and how it was had. ``source``: "" (no block: a plain step), "copy", "ahead", "wait"
+    or "propose" (see the module docstring). ``wait_ms``: wall time the round spent on the drafter (None: it
+    did not ask the drafter). ``fallback``: set when the drafter failed this round (the block is then empty)."""
+
+    proposal: Proposal
+    source: str = ""
+    wait_ms: float | None = None
+    fallback: str = ""
+
+    @property
+    def drafter_called(self) -> bool:
+        """Whether the round waited on the drafter (a call or the stream): its cost includes the drafter."""
+        return self.source in ("wait", "propose")
+
+
+class Proposer:
+    """The proposal step for one request (``propose`` before the verify, ``advance`` after it)."""
+
+    def __init__(self, session_id: str, token: str, sampling: SamplingParams, drafter: DrafterPort | None,
+                 vocab_size: int = 0, min_confidence: float = 0.0, timeout_s: float = 15.0, ahead: bool = True):
+        """``token``: the drafter session's secret; ``vocab_size``: the target's (drafted ids are checked
+        against it); ``timeout_s``: the longest a round waits for streamed tokens; ``ahead``: use the drafter's
+        DraftAhead stream where it serves one."""
+        self.session_id, self.token, self.sampling = session_id, token, sampling
+        self.drafter = drafter
+        self.vocab_size, self.min_confidence, self.timeout_s = vocab_size, min_confidence, timeout_s
+        # the confidence stop is the drafter's, per Propose call: such requests ask with Propose
+        self._use_ahead = ahead and not min_confidence and hasattr(drafter, "open_ahead")
+        self._stream: AheadPort | None = None
+        self._seen = 0              # len(sequence) when the drafter last read it (through Propose or the stream)
+
+    async def start(self, prompt: Sequence[int], k: int) -> None:
+        """Before the prefill: a drafting-ahead drafter reads the prompt and drafts its continuation while the
+        verifier prefills, so the first block may be ready when the first token is (if it is the path's)."""
+        if not self._use_ahead or self.drafter is None or k <= 0:
+            return
+        self._stream = self.drafter.open_ahead(self.session_id, self.token, self.sampling)
+        if self._stream is None:
+            self._use_ahead = False
+            return
+        try:
+            await self._stream.sync(prompt, _depth(k) + 1)
+        except DrafterUnavailable:
+            return                  # the first propose reports it (or falls back to Propose)
+        self._seen = len(prompt)
+
+    # ---- before the round's choice ----------------------------------------------------------------
+    def behind(self, sequence: Sequence[int]) -> int:
+        """Context tokens the drafter has not read: it reads them before it drafts."""
+        return len(sequence) - self._seen
+
+    def ready(self, sequence: Sequence[int]) -> int:
+        """Drafted-ahead tokens a block could propose after ``sequence`` without waiting."""
+        if self._stream is None:
+            return 0
+        try:
+            return len(self._stream.usable(sequence))
+        except DrafterUnavailable:
+            return 0                # the next propose reports it
+
+    # ---- the block ---------------------------------------------------------------------------------
+    async def propose(self, sequence: list[int], k: int, copy: Sequence[int] = ()) -> ProposalStep:
+        """The round's block of at most k tokens after ``sequence``; ``copy``: lookup tokens the gateway may
+        copy itself (a block of k <= len(copy) is copied)."""
+        if 0 < k <= len(copy):
+            return ProposalStep(Proposal(tuple(lookup_proposal(copy[:k], self.sampling))), "copy")
+        if k <= 0 or self.drafter is None:
+            return ProposalStep(Proposal(()))
+        t0 = time.perf_counter()
+        try:
+            step = await self._from_stream(sequence, k) if self._use_ahead else None
+            if step is None:
+                step = ProposalStep(await self._call(sequence, k), "propose")
+            check_proposal(step.proposal, k, self.vocab_size, not self.sampling.greedy)
+        except DrafterUnavailable as exc:
+            await self.close()
+            self.drafter = None
+            return ProposalStep(Proposal(()), "", (time.perf_counter() - t0) * 1e3,
+                                fallback=f"drafter unavailable: {exc}")
+        wait_ms = None if step.source == "ahead" else (time.perf_counter() - t0) * 1e3
+        return ProposalStep(step.proposal, step.source, wait_ms)
+
+    async def _from_stream(self, sequence: list[int], k: int) -> ProposalStep | None:
+        """The block from the DraftAhead stream (opened at the first block); None: ask with Propose instead."""
+        from gateway.clients import AheadUnsupported
+
+        try:
+            if self._stream is None:
+                self._stream = self.drafter.open_ahead(self.session_id, self.token, self.sampling)
+                if self._stream is None:
+                    self._use_ahead = False
+                    return None
+                await self._stream.sync(sequence, _depth(k))
+                self._seen = len(sequence)
+            ready = self._stream.usable(sequence)
+            if len(ready) >= k:
+                return ProposalStep(Proposal(tuple(ready[:k])), "ahead")
+            await self._stream.sync(sequence, _depth(k))      # after a plain streak it was only following
+            self._seen = len(sequence)
+            got = await self._stream.wait(sequence, k, self.timeout_s)
+        except AheadUnsupported:
+            self._stream, self._use_ahead = None, False
+            return None
+        return ProposalStep(Proposal(tuple(got[:k])), "wait")   # none: the drafter has nothing to offer here
+
+    async def _call(self, sequence: list[int], k: int) -> Proposal:
+        """A Propose call sending what the drafter has not seen (all of it again if it lost the session)."""
+        try:
+            proposal = await self.drafter.propose(self.session_id, self._seen, sequence[self._seen:], k,
+                                                  self.sampling, self.min_confidence, self.token)
+        except DrafterLostSession:
+            proposal = await self.drafter.propose(self.session_id, 0, sequence, k, self.sampling,
+                                                  self.min_confidence, self.token)
+        self._seen = len(sequence)
+        return proposal
+
+    # ---- after the round ---------------------------------------------------------------------------
+    async def advance(self, sequence: list[int], next_k: int) -> None:
+        """Tells a drafting-ahead drafter the sequence the round left, and to keep drafted what a round of
+        ``next_k`` tokens and the one after it would use (none in a plain streak: it only follows)."""
+        if self._stream is None:
+            return
+        try:
+            await self._stream.sync(sequence, _depth(next_k))
+        except DrafterUnavailable:
+            return                  # the next propose reports it
+        if next_k > 0:
+            self._seen = len(sequence)
+
+    async def close(self) -> None:
+        """Ends the stream, if one is open (and with it the drafter's session)."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.close()
+
+
+def _depth(k: int) -> int:
+    """Tokens to keep drafted beyond the sequence for blocks of k: this round's and, if it is all accepted with
+    the path's next token as bonus, the next round's (drafted while the verifier checks this one)."""
+    return 0 if k <= 0 else min(AHEAD_MAX, 2 * k + 1)
