@@ -78,7 +78,7 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
         t0 = time.perf_counter()
         # the first round's room to draft: the drafter reads the prompt during the prefill if it will draft
         first_budget = min(req.k, req.max_tokens - 2, req.max_context - len(sequence) - 2)
-        if policy is None or getattr(policy, "expects_drafting", True):
+        if policy is None or policy.expects_drafting:
             await proposer.start(sequence, first_budget)
         with telemetry.span("prefill", {"tandem.prompt_tokens": len(req.prompt_ids)}, req.trace_context):
             first, prefill_ms = await verifier.start(req.session_id, req.prompt_ids, req.sampling, req.verifier_token,
@@ -108,7 +108,7 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
                 decision = None
                 if policy is not None and (proposer.drafter is not None or req.lookup_only):
                     decision = policy.next_k(budget, len(looked), ngram, local, behind=proposer.behind(sequence),
-                                             remaining=remaining)
+                                             remaining=remaining, ready=proposer.ready(sequence))
                 k = decision.k if decision is not None else budget
                 step = await proposer.propose(sequence, k, looked if local else ())
                 outcome = await verifier.verify(req.session_id, step.proposal.tokens, req.verifier_token)

@@ -35,12 +35,17 @@ class DraftLengthPolicy(Protocol):
     """What the round loop (``gateway.rounds``) asks of a draft-length policy."""
 
     def next_k(self, budget: int, lookup_available: int = 0, lookup_ngram: int = 0, local_lookup: bool = False,
-               behind: int = 0, remaining: int = 0) -> Decision:
+               behind: int = 0, remaining: int = 0, ready: int = 0) -> Decision:
         """The next round's k, at most ``budget`` (the request's k cut to its tokens and context left).
         ``lookup_available``: tokens prompt lookup copies at the block's head this round, found by an
         ``lookup_ngram``-token match; ``local_lookup``: a block of at most that many is copied by the
         gateway itself, without a drafter call. ``behind``: context tokens the drafter has not seen (it
-        reads them before drafting); ``remaining``: tokens the request may still emit."""
+        reads them before drafting); ``remaining``: tokens the request may still emit; ``ready``: tokens the
+        drafter drafted ahead of this round from the real context, already at the gateway."""
+
+    @property
+    def expects_drafting(self) -> bool:
+        """Whether the request is likely to draft soon (the drafter then reads the prompt during the prefill)."""
 
     def observe(self, fig: RoundFigures) -> None:
         """The figures of the round the last ``next_k`` chose k for (none for a failed drafter call)."""
@@ -93,12 +98,16 @@ class PinnedDraftLength(_Learning):
         self.k = int(k)
 
     def next_k(self, budget: int, lookup_available: int = 0, lookup_ngram: int = 0, local_lookup: bool = False,
-               behind: int = 0, remaining: int = 0) -> Decision:
+               behind: int = 0, remaining: int = 0, ready: int = 0) -> Decision:
         budget, catch_up = self._begin(budget, lookup_available, lookup_ngram, behind)
         k = min(self.k, budget)
         c, = candidates(self.cost, self.acceptance, (k,), self._lookup_predicted, self._lookup_ngram, local_lookup,
-                        catch_up, remaining)
+                        catch_up, remaining, ready)
         return Decision(k, c.expected_tokens, c.expected_ms, c.tokens_per_ms, (c,), "pinned")
+
+    @property
+    def expects_drafting(self) -> bool:
+        return self.k > 0
 
 
 class _HeldPlainChoice:
@@ -150,21 +159,26 @@ class AutoDraftLength(_Learning):
         self._held = _HeldPlainChoice(plain_hold_max, relax)
 
     def next_k(self, budget: int, lookup_available: int = 0, lookup_ngram: int = 0, local_lookup: bool = False,
-               behind: int = 0, remaining: int = 0) -> Decision:
+               behind: int = 0, remaining: int = 0, ready: int = 0) -> Decision:
         budget, catch_up = self._begin(budget, lookup_available, lookup_ngram, behind)
         self._prober.begin_round()
         if budget and not self.cost.ready:
             k = min(self.fallback_k, budget)
             return Decision(k, float("nan"), float("nan"), float("nan"), (), "no-figures")
-        room = (budget, self._lookup_predicted, self._lookup_ngram, local_lookup)
+        room = (budget, self._lookup_predicted, self._lookup_ngram, local_lookup, min(ready, budget))
         held = self._held.next_round(room, catch_up)
         d = held if held is not None and not self._prober.due() else self._weigh(room, catch_up, remaining)
         return self._prober.step(d, budget, self._lookup_predicted if local_lookup else 0, self.acceptance)
 
+    @property
+    def expects_drafting(self) -> bool:
+        """The drafter drafted in the gateway's last few rounds (not in a plain streak)."""
+        return self._prober.schedule.streak < self._prober.rule.every
+
     def _weigh(self, room: tuple, catch_up: float, remaining: int) -> Decision:
-        budget, lookup, ngram, local = room
+        budget, lookup, ngram, local, ready = room
         d = choose_k(self.cost, self.acceptance, min(budget, self.max_draft_length), lookup, ngram, local, catch_up,
-                     remaining)
+                     remaining, ready)
         self._held.keep(room, d, catch_up)
         return d
 

@@ -58,6 +58,18 @@ def test_decision_lists_every_candidate_and_plain_has_no_draft_cost_or_drafter_t
     assert d.candidates[d.k].tokens_per_ms == d.tokens_per_ms
 
 
+def test_tokens_drafted_ahead_cost_neither_drafter_time_nor_the_round_trip():
+    """A slow drafter behind a slow link: asking it costs more than its tokens bring, so a block pays only when
+    its tokens were drafted ahead (already at the gateway); then it costs what a copied block costs."""
+    cost = cost_model({0: 10.0, 1: 11.0, 2: 12.0, 3: 13.0}, draft_per_token=4.0, plain_oh=0.5, spec_oh=10.5)
+    acc = flat_acceptance(0.6)
+    assert choose_k(cost, acc, 3).k == 0
+    d = choose_k(cost, acc, 3, ready=2)
+    assert d.k == 2 and d.candidates[2].expected_ms == pytest.approx(12.0 + 0.5)
+    # beyond the ready tokens a block pays the drafter for the rest only (and its round trip)
+    assert d.candidates[3].expected_ms == pytest.approx(1 * 4.0 + 13.0 + 10.5)
+
+
 def test_long_block_when_verify_is_flat_and_acceptance_high():
     cost = cost_model({0: 10.0, 8: 10.4}, draft_per_token=0.2, plain_oh=0.2, spec_oh=0.5)
     assert choose_k(cost, flat_acceptance(0.9), 8).k >= 6

@@ -159,7 +159,10 @@ def history_policy():
     seen = {"n": 0}         # speculative rounds so far plus the drafts they accepted, over all requests
 
     class History:
-        def next_k(self, budget, lookup_available=0, lookup_ngram=0, local_lookup=False, behind=0, remaining=0):
+        expects_drafting = True
+
+        def next_k(self, budget, lookup_available=0, lookup_ngram=0, local_lookup=False, behind=0, remaining=0,
+                   ready=0):
             return Decision(min(budget, 1 + seen["n"] % 2), 0.0, 0.0, 0.0, (), "history")
 
         def observe(self, fig):
