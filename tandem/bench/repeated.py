@@ -11,8 +11,8 @@ plain (``tandem.speculation`` false: the drafter never sees it) and speculative,
 first, greedy. The first pass starts with an empty suffix index (cold: it learns only from the pass's
 own earlier requests); later passes send the same conversations again (warm: the drafter has seen the
 earlier passes' text). Reports, per pass and category, tok/s of both modes (new tokens / client wall
-time, summed), their ratio, the mean acceptance length, and whether every speculative reply was the
-plain one's text.
+time, summed; and decode tok/s, the prefill left out), their ratios, the mean acceptance length, and
+whether every speculative reply was the plain one's text.
 """
 
 from __future__ import annotations
@@ -68,8 +68,10 @@ def run_pass(port: int, conversations: list[Conversation], max_tokens: int, draf
 
 
 def summarize(samples: list[dict]) -> dict:
-    """Per pass and category (and 'all'): tok/s of each mode, speculative / plain, mean acceptance length,
-    replies identical to plain."""
+    """Per pass and category (and 'all'): tok/s of each mode (new tokens / client wall time) and decode tok/s
+    (the tokens after the first / the gateway's time after the first token: the prefill, the same in both
+    modes, left out), speculative / plain for both, the mean acceptance length (1 + accepted / rounds over
+    the pass's speculative requests), replies identical to plain."""
     groups: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for s in samples:
         for cat in (s["category"], "all"):
@@ -79,12 +81,18 @@ def summarize(samples: list[dict]) -> dict:
         row = {}
         for mode, items in by_mode.items():
             tokens, ms = sum(s["tokens"] for s in items), sum(s["wall_ms"] for s in items)
+            decode_ms = sum(s["tandem"].get("total_ms", 0.0) - s["tandem"].get("ttft_ms", 0.0) for s in items)
             row[f"{mode}_tok_s"] = round(tokens / ms * 1e3, 2) if ms else 0.0
+            row[f"{mode}_decode_tok_s"] = round(sum(s["tokens"] - 1 for s in items) / decode_ms * 1e3, 2) \
+                if decode_ms > 0 else 0.0
             row[f"{mode}_tokens"] = tokens
+        for name, key in (("speedup", "tok_s"), ("decode_speedup", "decode_tok_s")):
+            plain = row.get(f"plain_{key}", 0.0)
+            row[name] = round(row.get(f"speculative_{key}", 0.0) / plain, 3) if plain else 0.0
         spec = by_mode.get("speculative", [])
-        row["speedup"] = round(row.get("speculative_tok_s", 0.0) / row["plain_tok_s"], 3) if row.get("plain_tok_s") else 0.0
-        taus = [s["tandem"].get("mean_acceptance_length", 0.0) * s["tokens"] for s in spec]
-        row["mean_acceptance_length"] = round(sum(taus) / max(1, sum(s["tokens"] for s in spec)), 3)
+        rounds = sum(s["tandem"].get("rounds", 0) for s in spec)
+        row["mean_acceptance_length"] = round(1 + sum(s["tandem"].get("accepted", 0) for s in spec) / rounds, 3) \
+            if rounds else 0.0
         plain = {(s["conversation"], s["turn"]): s["text"] for s in by_mode.get("plain", [])}
         row["identical"] = f"{sum(plain.get((s['conversation'], s['turn'])) == s['text'] for s in spec)}/{len(spec)}"
         out.setdefault(f"pass {pass_i}", {})[cat] = row

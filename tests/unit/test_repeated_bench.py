@@ -26,14 +26,18 @@ def test_the_workload_repeats_itself_across_requests():
 
 
 def test_the_summary_compares_modes_per_pass_and_checks_identity():
-    def sample(pass_i, mode, tokens, ms, text, category="agent", tau=1.0, conv="agent/0"):
-        return {"pass": pass_i, "conversation": conv, "category": category, "turn": 0, "mode": mode,
-                "tokens": tokens, "wall_ms": ms, "text": text, "tandem": {"mean_acceptance_length": tau}}
+    def sample(pass_i, mode, wall_ms, decode_ms, text, rounds=100, accepted=0):
+        return {"pass": pass_i, "conversation": "agent/0", "category": "agent", "turn": 0, "mode": mode,
+                "tokens": 101, "wall_ms": wall_ms, "text": text,
+                "tandem": {"rounds": rounds, "accepted": accepted, "ttft_ms": 10.0, "total_ms": 10.0 + decode_ms}}
 
-    samples = [sample(1, "plain", 100, 1000.0, "a"), sample(1, "speculative", 100, 800.0, "a", tau=1.5),
-               sample(2, "plain", 100, 1000.0, "a"), sample(2, "speculative", 100, 400.0, "b", tau=3.0)]
+    samples = [sample(1, "plain", 1010.0, 1000.0, "a"), sample(1, "speculative", 505.0, 500.0, "a", 50, 50),
+               sample(2, "plain", 1010.0, 1000.0, "a"), sample(2, "speculative", 202.0, 250.0, "b", 25, 75)]
     out = summarize(samples)
     first, second = out["pass 1"]["agent"], out["pass 2"]["all"]
-    assert first["plain_tok_s"] == 100.0 and first["speculative_tok_s"] == 125.0 and first["speedup"] == 1.25
-    assert first["mean_acceptance_length"] == 1.5 and first["identical"] == "1/1"
-    assert second["speedup"] == 2.5 and second["identical"] == "0/1"        # a different text is reported
+    assert first["plain_tok_s"] == 100.0 and first["speculative_tok_s"] == 200.0 and first["speedup"] == 2.0
+    # decode: the 100 tokens after the first, over the time after the first token
+    assert first["plain_decode_tok_s"] == 100.0 and first["decode_speedup"] == 2.0
+    assert first["mean_acceptance_length"] == 2.0 and first["identical"] == "1/1"
+    assert second["speedup"] == 5.0 and second["decode_speedup"] == 4.0 and second["mean_acceptance_length"] == 4.0
+    assert second["identical"] == "0/1"                                     # a different text is reported
