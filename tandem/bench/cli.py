@@ -77,6 +77,22 @@ def configure(p) -> None:
     flag(g, "llama-lookup-tokens", 10, int, help="llama.cpp prompt lookup: tokens proposed per step (num_pred_tokens)")
     flag(g, "llama-lookup-ngram", 2, int, help="llama.cpp prompt lookup: the longest n-gram matched (max_ngram_size)")
 
+    g = p.add_argument_group("other sittings (each instead of the mode comparison above, with its own report)")
+    flag(g, "versus", help="Tandem through `tandem up` (HTTP and gRPC, plain and auto) against llama.cpp's own "
+         "llama-bench (decode, -p 0) and llama-server (the same OpenAI requests) on the target's GGUF, same threads, "
+         "interleaved in one sitting (tandem.bench.versus)", cast=bool)
+    flag(g, "two-machine", help="the two-machine layout on one host: verifier and gateways on --verifier-cpus "
+         "(default 0), drafter on --drafter-cpus (default 1), --delays of added round trip; plain, lookup-only "
+         "(no drafter node) and auto per delay (tandem.bench.two_machine)", cast=bool)
+    flag(g, "delays", "0,5,20", help="--two-machine: added round trips between gateway and drafter, in ms")
+    flag(g, "concurrency", "", help="N clients at once, e.g. 1,2,4,8: aggregate tok/s and p50/p95 inter-token "
+         "latency, Tandem plain and auto over HTTP beside llama-server --parallel N (tandem.bench.concurrency)")
+    flag(g, "concurrency-requests", 2, int, help="--concurrency: requests each client sends, one after another")
+    flag(g, "llama-bin-dir", None, help="folder with llama.cpp's llama-bench and llama-server (default: "
+         "~/.cache/tandem/llama.cpp/<version>/bin, then PATH; build them with "
+         "`python -m tandem.bench.llama_tools build`)")
+    flag(g, "llama-bench-runs", 3, int, help="--versus: llama-bench runs spread over the sitting (start, ..., end)")
+
     g = p.add_argument_group("workload")
     flag(g, "questions", None, help="Spec-Bench-style JSONL (question_id, category, turns) [default: "
          "../shared/data/spec_bench/question.jsonl from the repository root]")
@@ -132,6 +148,8 @@ def run(args) -> int:
 
     if args.rerender:
         return rerender(Path(args.rerender))
+    if sitting_of(args):
+        return run_sitting(args)
     t_start = time.perf_counter()
     started = _dt.datetime.now().astimezone()
     _validate(args)
@@ -219,3 +237,82 @@ def rerender(json_path: Path) -> int:
     write_markdown(results, out_dir / "report.md")
     print(f"[bench] rewrote {out_dir / 'report.md'} and {len(results['plots'])} plots", file=sys.stderr)
     return 0
+
+
+# ---- the other sittings: --versus, --two-machine, --concurrency -------------------------------------
+SITTINGS = {  # flag -> (module, run, analyze, markdown)
+    "versus": ("tandem.bench.versus", "run_versus", "analyze_versus", "markdown_versus"),
+    "two_machine": ("tandem.bench.two_machine", "run_two_machine", "analyze_two_machine", "markdown_two_machine"),
+    "concurrency": ("tandem.bench.concurrency", "run_concurrency", "analyze_concurrency", "markdown_concurrency"),
+}
+
+
+def sitting_of(args) -> str | None:
+    chosen = [name for name in SITTINGS if getattr(args, name, None)]
+    if len(chosen) > 1:
+        raise ValueError(f"--{' and --'.join(c.replace('_', '-') for c in chosen)}: one sitting at a time")
+    return chosen[0] if chosen else None
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        return [float(x) for x in str(text).replace(" ", "").split(",") if x]
+    except ValueError as exc:
+        raise ValueError(f"{what} must be comma-separated numbers, got {text!r}") from exc
+
+
+def run_sitting(args) -> int:
+    """One of --versus, --two-machine, --concurrency: its own results.json and report.md."""
+    import importlib
+
+    from tandem.bench.report import write_json
+    from tandem.bench.runner import Settings, default_out_dir
+    from tandem.bench.workload import DEFAULT_QUESTIONS, interleave_by_category, load_questions
+
+    name = sitting_of(args)
+    module, run_name, analyze_name, markdown_name = SITTINGS[name]
+    mod = importlib.import_module(module)
+    _validate(args)
+    args.delays_list = _floats(args.delays, "--delays")
+    if any(d < 0 for d in args.delays_list):
+        raise ValueError("--delays are added round trips in ms, >= 0")
+    args.concurrency_levels = _ints(args.concurrency, "--concurrency") if args.concurrency else []
+    if name == "concurrency" and (not args.concurrency_levels or min(args.concurrency_levels) < 1):
+        raise ValueError("--concurrency takes client counts >= 1, e.g. 1,2,4,8")
+    if args.concurrency_requests < 1:
+        raise ValueError("--concurrency-requests must be >= 1")
+    started = _dt.datetime.now().astimezone()
+    t0 = time.perf_counter()
+    prompts = load_questions(args.questions, split=args.split, categories=args.categories_list,
+                             limit_per_category=args.limit_per_category)
+    run_order = interleave_by_category(prompts)
+    out_dir = Path(args.out) if args.out else default_out_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = Settings(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        seed=args.seed, ignore_eos=args.ignore_eos, timeout_s=args.request_timeout)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    log(f"[bench] --{name.replace('_', '-')}: {len(prompts)} prompts, {args.max_tokens} new tokens max, "
+        f"{args.repeats} repeat(s); writing to {out_dir}")
+    try:
+        results = getattr(mod, run_name)(args, prompts, run_order, settings, out_dir, log=log)
+    except (RuntimeError, TimeoutError, FileNotFoundError) as exc:
+        log(f"[bench] --{name.replace('_', '-')}: {exc}")
+        return 1
+    results.update(command=["tandem", "bench", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "bench" else
+                   [Path(sys.argv[0]).name, *sys.argv[1:]],
+                   started_at=started.isoformat(timespec="seconds"),
+                   config={k: v for k, v in vars(args).items() if not callable(v)},
+                   workload={"questions": str(args.questions or DEFAULT_QUESTIONS), "split": args.split,
+                             "prompts": len(prompts), "run_order": [p.question_id for p in run_order],
+                             "prompt_list": [p.to_dict() for p in prompts]})
+    results["analysis"] = getattr(mod, analyze_name)(results)
+    results["finished_at"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    results["wall_s"] = time.perf_counter() - t0
+    md = getattr(mod, markdown_name)(results)
+    write_json(results, out_dir / "results.json")
+    (out_dir / "report.md").write_text(md)
+    log("")
+    log(md)
+    log(f"[bench] done in {results['wall_s'] / 60:.1f} min: {out_dir / 'report.md'}, {out_dir / 'results.json'}")
+    a = results["analysis"]
+    return 1 if a.get("errors") or a.get("mismatches") else 0

@@ -23,7 +23,8 @@ from tandem.bench.workload import Prompt
 ROUND_FIELDS = ("k", "proposed", "accepted", "rejection_position", "bonus", "draft_ms", "verify_ms", "overhead_ms",
                 "round_ms")
 # the automatic draft length's figures (gateway/draft_length.py); read when the gateway's RoundStats has them
-AUTO_ROUND_FIELDS = ("k_reason", "expected_tokens", "expected_tokens_per_ms", "lookup_tokens", "emitted")
+AUTO_ROUND_FIELDS = ("k_reason", "expected_tokens", "expected_tokens_per_ms", "lookup_tokens", "emitted",
+                     "source")   # source: where the block came from (copy, ahead, wait, propose; "" plain)
 SERVER_FIELDS = ("prompt_tokens", "new_tokens", "rounds", "proposed", "accepted", "mean_acceptance_length",
                  "acceptance_rate", "ttft_ms", "total_ms", "draft_ms", "verify_ms", "overhead_ms", "prefill_ms",
                  "tokens_per_second", "speculative", "fallback_reason", "draft_model", "target_model")
@@ -99,14 +100,19 @@ class GatewayRunner:
         req = self.request(mode, prompt, settings, max_tokens)
         token_ids: list[int] = []
         text: list[str] = []
+        chunk_ms: list[float] = []          # arrival of each chunk with tokens (ms from the send) ...
+        chunk_tokens: list[int] = []        # ... and its token count: decode speed and inter-token latency
         ttft = None
         stats = None
         finish = ""
         t0 = time.perf_counter()
         try:
             for chunk in self.stub.GenerateStream(req, timeout=settings.timeout_s):
-                if chunk.token_ids and ttft is None:
-                    ttft = time.perf_counter() - t0
+                if chunk.token_ids:
+                    chunk_ms.append((time.perf_counter() - t0) * 1e3)
+                    chunk_tokens.append(len(chunk.token_ids))
+                    if ttft is None:
+                        ttft = chunk_ms[-1] / 1e3
                 token_ids.extend(chunk.token_ids)
                 text.append(chunk.text)
                 if chunk.HasField("stats"):
@@ -118,7 +124,7 @@ class GatewayRunner:
         wall = time.perf_counter() - t0
         sample.update(wall_ms=wall * 1e3, ttft_ms=(ttft or wall) * 1e3, new_tokens=len(token_ids),
                       tokens_per_s=len(token_ids) / wall if wall > 0 else 0.0, finish_reason=finish,
-                      token_ids=token_ids, text="".join(text))
+                      token_ids=token_ids, text="".join(text), chunk_ms=chunk_ms, chunk_tokens=chunk_tokens)
         if stats is not None:
             sample["prompt_tokens"] = stats.prompt_tokens
             sample["server"] = {f: getattr(stats, f) for f in SERVER_FIELDS}
@@ -397,7 +403,9 @@ def pick_warmup_prompt(prompts: list[Prompt]) -> Prompt:
     return min(prompts, key=lambda p: abs(len(p.text) - mean))
 
 
-def start_services(args, log_dir: Path):
+def start_services(args, log_dir: Path, http_port: int = -1):
+    """The three services as ``tandem up`` starts them (``http_port`` 0: the OpenAI HTTP API on a free
+    port, then in ``cluster``'s args; -1: none)."""
     from tandem.up import start_cluster
 
     # the gateway's default draft length must be auto: a request's draft_length 0 means "the gateway's
@@ -406,8 +414,11 @@ def start_services(args, log_dir: Path):
                          max_draft_length=getattr(args, "max_draft_length", 8), draft_confidence=0.0,
                          drafter_threads=args.drafter_threads, verifier_threads=args.verifier_threads,
                          verifier_cpus=getattr(args, "verifier_cpus", None),
-                         drafter_cpus=getattr(args, "drafter_cpus", None), startup_timeout=args.startup_timeout, log_dir=str(log_dir))
-    return start_cluster(ns)
+                         drafter_cpus=getattr(args, "drafter_cpus", None), startup_timeout=args.startup_timeout,
+                         log_dir=str(log_dir), http_port=http_port)
+    cluster = start_cluster(ns)
+    cluster.http_port = ns.http_port
+    return cluster
 
 
 def _progress(total: int, desc: str, enabled: bool):

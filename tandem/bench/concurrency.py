@@ -1,0 +1,200 @@
+"""``tandem bench --concurrency 1,2,4,8``: N clients at once against ``tandem up``'s HTTP API (plain
+and auto) and against ``llama-server --parallel N`` (its slots, with continuous batching, llama.cpp's
+default) on the same GGUF, the same streamed requests.
+
+At each level N, each system in turn (llama-server is started anew with ``--parallel N``): a warm-up
+request, then N client threads start together, client i sending its own prompt sequence (the run
+order rotated by i, ``--concurrency-requests`` requests one after another). Figures per (level,
+system): aggregate tokens/s = all new tokens / the time from the first send to the last reply; per
+request TTFT and time per output token after the first (p50, p95 over requests); inter-token latency
+(each chunk's gap spread over its tokens, ``tandem.bench.http_stream``) p50 and p95 over all tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from tandem.bench import figures as F
+from tandem.bench.http_stream import chat_body, decode_figures, percentile, stream_chat
+
+LLAMA = "llama-server"
+PLAIN, AUTO = "tandem-plain", "tandem-auto"
+
+
+def client_sequences(run_order: list, clients: int, per_client: int) -> list[list]:
+    """Client i's prompts: the run order from position i on, wrapping, ``per_client`` of them."""
+    n = len(run_order)
+    return [[run_order[(i + j) % n] for j in range(per_client)] for i in range(clients)]
+
+
+def run_level(send, sequences: list[list], level: int, system: str) -> list[dict]:
+    """Runs every client's sequence in its own thread, all starting together; returns the samples (with
+    ``start_s``/``end_s`` from the common start)."""
+    samples: list[dict] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(len(sequences))
+    t0 = [0.0]
+
+    def client(i: int, seq: list) -> None:
+        barrier.wait()
+        if i == 0:
+            t0[0] = time.perf_counter()
+        for j, prompt in enumerate(seq):
+            start = time.perf_counter()
+            s = send(prompt)
+            end = time.perf_counter()
+            s.update(mode=system, level=level, client=i, request=j, question_id=prompt.question_id,
+                     category=prompt.category, repeat=0, start_abs=start, end_abs=end)
+            with lock:
+                samples.append(s)
+
+    threads = [threading.Thread(target=client, args=(i, seq), daemon=True) for i, seq in enumerate(sequences)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first = min((s["start_abs"] for s in samples), default=0.0)
+    for s in samples:
+        s["start_s"], s["end_s"] = s.pop("start_abs") - first, s.pop("end_abs") - first
+    return samples
+
+
+def level_figures(samples: list[dict]) -> dict:
+    ok = [s for s in samples if "error" not in s]
+    out: dict = {"requests": len(samples), "errors": len(samples) - len(ok)}
+    if not ok:
+        return out
+    span = max(s["end_s"] for s in ok) - min(s["start_s"] for s in ok)
+    tokens = sum(s.get("new_tokens") or 0 for s in ok)
+    itl: list[float] = []
+    tpot: list[float] = []
+    for s in ok:
+        f = decode_figures(s)
+        itl += f["itl_ms"]
+        if f["decode_tps"]:
+            tpot.append(1e3 / f["decode_tps"])
+    ttft = [s["ttft_ms"] for s in ok if s.get("ttft_ms") is not None]
+    out.update(tokens=tokens, wall_s=span, aggregate_tps=tokens / span if span > 0 else None,
+               itl_p50_ms=percentile(itl, 50), itl_p95_ms=percentile(itl, 95),
+               tpot_p50_ms=percentile(tpot, 50), tpot_p95_ms=percentile(tpot, 95),
+               ttft_p50_ms=percentile(ttft, 50), ttft_p95_ms=percentile(ttft, 95))
+    return out
+
+
+def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print) -> dict:
+    from tandem.bench import llama_peer
+    from tandem.bench.environment import environment
+    from tandem.bench.llama_server import LlamaServer
+    from tandem.bench.llama_tools import find_tools, missing_message
+    from tandem.bench.runner import start_services
+    from tandem.security import default as default_security
+
+    levels = args.concurrency_levels
+    per_client = args.concurrency_requests
+    threads = args.verifier_threads or 1
+    cpus = getattr(args, "verifier_cpus", None)
+    results: dict = {"format": "tandem-bench-concurrency/1", "environment": environment(), "notes": [],
+                     "levels": levels, "requests_per_client": per_client, "threads": threads, "cpus": cpus}
+    tools = find_tools(getattr(args, "llama_bin_dir", None))
+    gguf, why = llama_peer.gguf_path(args.target)
+    if tools is None or gguf is None:
+        note = missing_message() if tools is None else f"llama-server not run: {why}"
+        results["notes"].append(note)
+        log(f"[concurrency] {note}")
+    else:
+        results["tools"] = tools.describe()
+        results["gguf"] = str(gguf)
+    cluster = start_services(args, out_dir / "service_logs", http_port=0)
+    token = default_security().token
+    tandem_url = f"http://127.0.0.1:{cluster.http_port}"
+
+    def sender(url, extra=None, tok=None):
+        return lambda prompt, n=None: F.with_figures(stream_chat(
+            url, chat_body(prompt.text, n or settings.max_tokens, temperature=settings.temperature,
+                           ignore_eos=settings.ignore_eos, extra=extra), settings.timeout_s, tok))
+
+    samples: list[dict] = []
+    results["llama_server"] = {}
+    try:
+        for level in levels:
+            seqs = client_sequences(run_order, level, per_client)
+            systems = [(PLAIN, sender(tandem_url, {"no_speculation": True}, token)),
+                       (AUTO, sender(tandem_url, None, token))]
+            server = None
+            if tools is not None and gguf is not None:
+                server = LlamaServer(tools.server, gguf, threads, parallel=level, cpus=cpus,
+                                     log_path=out_dir / f"llama-server-np{level}.log").__enter__()
+                results["llama_server"][str(level)] = {"command": server.command, "startup_s": server.startup_s}
+                systems.insert(0, (LLAMA, sender(server.url)))
+            try:
+                for name, send in systems:
+                    w = send(run_order[0], settings.max_tokens)
+                    if "error" in w:
+                        raise RuntimeError(f"warm-up request to {name} failed: {w['error']}")
+                    log(f"[concurrency] {level} client(s) x {per_client} requests: {name}")
+                    samples += run_level(send, seqs, level, name)
+            finally:
+                if server is not None:
+                    server.stop()
+    finally:
+        cluster.stop()
+    results["tandem"] = {"command": f"tandem up --target {args.target} --drafter {args.drafter} --verifier-threads "
+                                    f"{threads} --http-port {cluster.http_port}" + (f" --verifier-cpus {cpus}" if cpus else "")}
+    results["samples"] = samples
+    return results
+
+
+def analyze_concurrency(results: dict) -> dict:
+    samples = results["samples"]
+    out: dict = {}
+    for level in results["levels"]:
+        row = {}
+        for system in (LLAMA, PLAIN, AUTO):
+            sel = [s for s in samples if s["level"] == level and s["mode"] == system]
+            if sel:
+                row[system] = level_figures(sel)
+        base = (row.get(LLAMA) or {}).get("aggregate_tps")
+        for system in (PLAIN, AUTO):
+            if system in row:
+                row[system]["vs_llama_server"] = F.ratio(row[system].get("aggregate_tps"), base)
+        out[str(level)] = row
+    return {"levels": out}
+
+
+def markdown_concurrency(results: dict) -> str:
+    from tandem.bench.report import _table
+    from tandem.bench.versus import _f
+
+    cpu = results["environment"].get("cpu", "?")
+    L = [f"# Concurrency: {results.get('threads')} thread(s), levels {', '.join(map(str, results['levels']))}", ""]
+    L.append(f"Run {results.get('started_at', '?')} – {results.get('finished_at', '?')}; CPU **{cpu}**. Each client "
+             f"sends {results['requests_per_client']} requests one after another, all clients at once; the same "
+             "streamed OpenAI requests to every system.")
+    L.append("")
+    L.append("```")
+    L.append(results["tandem"]["command"])
+    for lvl, ls in (results.get("llama_server") or {}).items():
+        L.append(" ".join(str(x) for x in ls["command"]))
+    L.append(" ".join(results.get("command") or []))
+    L.append("```")
+    L.append("")
+    rows = []
+    for level, row in results["analysis"]["levels"].items():
+        for system, f in row.items():
+            rows.append([level, system, f"{f['requests']}" + (f" ({f['errors']} failed)" if f["errors"] else ""),
+                         _f(f.get("aggregate_tps")), _f(f.get("vs_llama_server"), "{:.2f}x"),
+                         _f(f.get("itl_p50_ms"), "{:.1f}"), _f(f.get("itl_p95_ms"), "{:.1f}"),
+                         _f(f.get("tpot_p50_ms"), "{:.1f}"), _f(f.get("tpot_p95_ms"), "{:.1f}"),
+                         _f(f.get("ttft_p50_ms"), "{:.0f}"), _f(f.get("ttft_p95_ms"), "{:.0f}"), cpu])
+    L += _table(["clients", "system", "requests", "aggregate tok/s", "vs llama-server", "ITL p50 ms", "ITL p95 ms",
+                 "TPOT p50 ms", "TPOT p95 ms", "TTFT p50 ms", "TTFT p95 ms", "CPU"], rows)
+    L.append("")
+    L.append("ITL: inter-token latency, each streamed chunk's gap spread over its tokens, over all tokens of the level; "
+             "TPOT: a request's time per output token after the first; llama-server runs with `--parallel N` "
+             "(continuous batching on, its default).")
+    for n in results.get("notes") or []:
+        L.append(f"- {n}")
+    L.append("")
+    return "\n".join(L)

@@ -1,0 +1,266 @@
+"""``tandem bench --two-machine``: what the drafter node is worth, with the two-machine layout simulated
+on one host.
+
+Layout: the verifier (1 torch thread) and every gateway pinned to ``--verifier-cpus`` (default CPU
+0), the drafter to ``--drafter-cpus`` (default CPU 1). Between each speculative gateway and the
+drafter sits a delay relay (``tandem.bench.delay_relay``, pinned with the drafter: the drafter's
+link) adding half of the round trip in each direction; one gateway per added round trip
+(``--delays``, default 0, 5 and 20 ms; 0 still goes through a relay). Modes, interleaved prompt by
+prompt over gRPC:
+
+* ``plain``: plain decoding (``no_speculation``) on the verifier's CPU alone: the baseline;
+* ``lookup-only``: a gateway started ``--lookup-only``: no drafter node, blocks copied by prompt
+  lookup over the sequence: what speculation gives without the drafter box;
+* ``auto@Dms``: auto draft length with the drafter node behind D ms of added round trip;
+* ``no-ahead@Dms``: the same with ``--no-draft-ahead`` (a Propose call per block instead of a block
+  drafted while the last one was verified), where the gateway has that flag.
+
+Per mode: tokens/s (request and decode), ratios to plain and to lookup-only, the rounds by where
+their block came from (``RoundStats.source``: copy, ahead, wait, propose, or none: a plain step),
+the hit rate = rounds whose block the drafter had ready ("ahead") / rounds with a drafter block
+(ahead, wait or propose), and the accepted tokens by block source (target tokens = emitted -
+accepted: the recovered or bonus token of each round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from tandem.bench import figures as F
+from tandem.bench import modes as M
+
+PLAIN, LOOKUP_ONLY = "plain", "lookup-only"
+DRAFTED = ("ahead", "wait", "propose")        # blocks from the drafter node
+DEFAULT_DELAYS = "0,5,20"
+
+
+def auto_name(delay_ms: float, ahead: bool = True) -> str:
+    return f"{'auto' if ahead else 'no-ahead'}@{delay_ms:g}ms"
+
+
+def gateway_flags() -> set[str]:
+    """The option strings ``tandem serve-gateway`` accepts here."""
+    from gateway.cli import configure
+
+    p = argparse.ArgumentParser()
+    configure(p)
+    return {s for a in p._actions for s in a.option_strings}
+
+
+def start_relay(to: str, delay_ms: float, cpus: str | None, log_dir: Path) -> tuple[subprocess.Popen, int]:
+    """A delay relay to ``to`` holding each byte ``delay_ms`` / 2 each way; (the process, its port)."""
+    from tandem.bench.llama_server import _pinned
+
+    port_file = log_dir / f"relay-{delay_ms:g}ms.port"
+    port_file.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "tandem.bench.delay_relay", "--listen", "127.0.0.1",
+                             "--port-file", str(port_file), "--to", to, "--delay-ms", str(delay_ms / 2)],
+                            stdout=subprocess.DEVNULL, stderr=open(log_dir / f"relay-{delay_ms:g}ms.log", "w"),
+                            stdin=subprocess.DEVNULL, preexec_fn=_pinned(cpus))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if port_file.exists() and port_file.read_text().strip():
+            return proc, int(port_file.read_text())
+        if proc.poll() is not None:
+            raise RuntimeError(f"the delay relay exited with code {proc.returncode} (log: {log_dir})")
+        time.sleep(0.05)
+    proc.kill()
+    raise TimeoutError("the delay relay did not start within 60 s")
+
+
+def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print) -> dict:
+    from tandem.bench.environment import environment
+    from tandem.bench.runner import GatewayRunner, _progress, fetch_info
+    from tandem.up import Cluster
+
+    v_cpus, d_cpus = args.verifier_cpus or "0", args.drafter_cpus or "1"
+    delays = args.delays_list
+    log_dir = out_dir / "service_logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    has = gateway_flags()
+    if "--lookup-only" not in has:
+        raise RuntimeError("this gateway has no --lookup-only flag: the lookup-only mode cannot run")
+    ahead_variants = [True, False] if "--no-draft-ahead" in has else [True]
+    results: dict = {"format": "tandem-bench-two-machine/1", "environment": environment(), "notes": [],
+                     "verifier_cpus": v_cpus, "drafter_cpus": d_cpus, "delays_ms": delays,
+                     "relay": "userspace TCP relay (tandem.bench.delay_relay) pinned to the drafter's CPUs, holding "
+                              "each byte half the added round trip in each direction"}
+    if len(ahead_variants) == 1:
+        results["notes"].append("no-ahead modes not run: this gateway has no --no-draft-ahead")
+    nodes = Cluster(log_dir)
+    gateways: list[tuple[str, Cluster]] = []
+    relays: list[subprocess.Popen] = []
+    runners: dict[str, object] = {}
+    try:
+        t0 = time.perf_counter()
+        nodes.spawn("verifier", ["--target", args.target, "--threads", str(args.verifier_threads or 1),
+                                 "--cpus", v_cpus], label="verifier")
+        nodes.spawn("drafter", ["--drafter", args.drafter, "--threads", str(args.drafter_threads),
+                                "--cpus", d_cpus], label="drafter")
+        deadline = time.monotonic() + args.startup_timeout
+        nodes.wait_up(["verifier", "drafter"], deadline)
+        verifier = f"127.0.0.1:{nodes.ports['verifier']}"
+        drafter = f"127.0.0.1:{nodes.ports['drafter']}"
+        results["models"] = fetch_info(verifier, drafter)
+        common = ["--verifier", verifier, "--draft-length", "auto", "--max-draft-length", str(args.max_draft_length),
+                  "--http-port", "-1", "--cpus", v_cpus]
+        specs: list[tuple[str, list[str]]] = [(LOOKUP_ONLY, [*common, "--lookup-only", "--drafter", ""])]
+        for d in delays:
+            proc, port = start_relay(drafter, d, d_cpus, log_dir)
+            relays.append(proc)
+            for ahead in ahead_variants:
+                specs.append((auto_name(d, ahead), [*common, "--drafter", f"127.0.0.1:{port}",
+                                                     *([] if ahead else ["--no-draft-ahead"])]))
+        for name, flags in specs:
+            gw = Cluster(log_dir / name.replace("@", "-"))
+            gw.log_dir.mkdir(parents=True, exist_ok=True)
+            gw.spawn("gateway", flags, label=f"gateway {name}")
+            gateways.append((name, gw))
+        for name, gw in gateways:
+            gw.wait_up(["gateway"], deadline)
+            runners[name] = GatewayRunner(f"127.0.0.1:{gw.ports['gateway']}")
+        results["startup_s"] = time.perf_counter() - t0
+        results["gateway_commands"] = {name: ["tandem", "serve-gateway", *flags] for name, flags in specs}
+        runners[PLAIN] = runners[LOOKUP_ONLY]
+        modes = [PLAIN, LOOKUP_ONLY] + [n for n, _ in specs if n != LOOKUP_ONLY]
+        mode_of = {PLAIN: M.BASELINE_MODE}
+
+        def run(name, prompt, repeat=0, max_tokens=None):
+            s = runners[name].run(mode_of.get(name, M.AUTO_MODE), prompt, settings, repeat, max_tokens=max_tokens)
+            s["mode"] = name
+            return F.with_figures(s)
+
+        for name in modes:                                   # warm-up: connections, first calls, cost figures
+            w = run(name, run_order[0], max_tokens=settings.max_tokens)
+            if "error" in w:
+                raise RuntimeError(f"warm-up request in mode {name} failed: {w['error']}")
+        samples = []
+        steps = [(r, p) for r in range(args.repeats) for p in run_order]
+        bar = _progress(len(steps) * len(modes), "two-machine", getattr(args, "progress", True))
+        for repeat, prompt in steps:
+            for name in modes:
+                bar.set_postfix_str(f"r{repeat + 1} q{prompt.question_id} {name}")
+                s = run(name, prompt, repeat)
+                if "error" in s:
+                    log(f"[two-machine] ERROR {name} q{prompt.question_id}: {s['error']}")
+                samples.append(s)
+                bar.update()
+        bar.close()
+        results["modes"] = modes
+        results["samples"] = samples
+        return results
+    finally:
+        for r in runners.values():
+            r.close()
+        for _, gw in gateways:
+            gw.stop()
+        for proc in relays:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        nodes.stop()
+
+
+def round_sources(samples: list[dict], mode: str) -> dict:
+    """Rounds by block source, the hit rate, and accepted tokens by block source (target: the rest)."""
+    rounds: Counter = Counter()
+    accepted: Counter = Counter()
+    target = 0
+    for s in samples:
+        r = s.get("rounds") if s.get("mode") == mode and "error" not in s else None
+        if not r:
+            continue
+        sources = r.get("source") or [""] * len(r["k"])
+        emitted = r.get("emitted") or [a + 1 for a in r["accepted"]]
+        for src, acc, em in zip(sources, r["accepted"], emitted):
+            rounds[src or "plain"] += 1
+            accepted[src or "plain"] += acc
+            target += max(0, em - acc)
+    drafted = sum(rounds[s] for s in DRAFTED)
+    total = sum(rounds.values())
+    return {"rounds": dict(rounds), "round_share": {k: v / total for k, v in rounds.items()} if total else {},
+            "drafted_rounds": drafted, "hit_rate": rounds["ahead"] / drafted if drafted else None,
+            "accepted_by_source": dict(accepted), "target_tokens": target}
+
+
+def analyze_two_machine(results: dict) -> dict:
+    samples = results["samples"]
+    modes = results["modes"]
+    out: dict = {"modes": {}}
+    for m in modes:
+        row: dict = {}
+        for metric in ("request_tps", "decode_tps"):
+            qs = F.common_prompts(samples, [m, PLAIN, LOOKUP_ONLY], metric)
+            x = F.mode_figure(samples, m, metric, qs)
+            row[metric] = x
+            row[f"{metric}_vs_plain"] = F.ratio(x, F.mode_figure(samples, PLAIN, metric, qs))
+            row[f"{metric}_vs_lookup_only"] = F.ratio(x, F.mode_figure(samples, LOOKUP_ONLY, metric, qs))
+            row["prompts"] = len(qs)
+        row["sources"] = round_sources(samples, m)
+        row["per_round"] = F.round_breakdown(samples, m)
+        out["modes"][m] = row
+    base = {x["question_id"]: x.get("token_ids") for x in samples if x["mode"] == PLAIN and x["repeat"] == 0}
+    out["mismatches"] = [{"mode": s["mode"], "question_id": s["question_id"], "repeat": s["repeat"]}
+                         for s in samples if "error" not in s and s["mode"] != PLAIN
+                         and base.get(s["question_id"]) is not None and s.get("token_ids") != base[s["question_id"]]]
+    out["errors"] = [{k: s.get(k) for k in ("mode", "question_id", "repeat", "error")} for s in samples if "error" in s]
+    return out
+
+
+def markdown_two_machine(results: dict) -> str:
+    from tandem.bench.report import _table
+    from tandem.bench.versus import _f
+
+    a = results["analysis"]
+    cpu = results["environment"].get("cpu", "?")
+    L = ["# Two machines on one host: what the drafter node is worth", ""]
+    L.append(f"Run {results.get('started_at', '?')} – {results.get('finished_at', '?')}; CPU **{cpu}**. Verifier "
+             f"(1 thread) and gateways on CPU {results['verifier_cpus']}, drafter on CPU {results['drafter_cpus']}; "
+             f"added round trip between gateway and drafter: {', '.join(f'{d:g}' for d in results['delays_ms'])} ms "
+             f"({results['relay']}). Greedy; the modes interleaved prompt by prompt.")
+    L.append("")
+    L.append("```")
+    L.append(" ".join(results.get("command") or []))
+    for name, cmd in (results.get("gateway_commands") or {}).items():
+        L.append(f"# {name}: " + " ".join(cmd))
+    L.append("```")
+    L.append("")
+    rows = []
+    for m, r in a["modes"].items():
+        src = r["sources"]
+        share = src["round_share"]
+        acc = src["accepted_by_source"]
+        rows.append([m, str(r["prompts"]), _f(r["request_tps"]), _f(r["request_tps_vs_plain"], "{:.2f}x"),
+                     _f(r["request_tps_vs_lookup_only"], "{:.2f}x"), _f(r["decode_tps"]),
+                     _f(100 * src["hit_rate"] if src["hit_rate"] is not None else None, "{:.0f}%"),
+                     " ".join(f"{k} {100 * share[k]:.0f}%" for k in ("plain", "copy", "ahead", "wait", "propose")
+                              if share.get(k)) or "–",
+                     f"draft {sum(acc.get(k, 0) for k in DRAFTED)}, lookup {acc.get('copy', 0)}, "
+                     f"target {src['target_tokens']}", cpu])
+    L += _table(["mode", "prompts", "tok/s", "vs plain", "vs lookup-only", "decode tok/s", "hit rate",
+                 "rounds by block source", "tokens by origin", "CPU"], rows)
+    L.append("")
+    L.append("tok/s: new tokens / request wall time (prefill included); decode tok/s leaves out the first token's wait. "
+             "Hit rate: rounds whose drafter block was ready when the round began (`ahead`) / rounds with a drafter "
+             "block (`ahead`, `wait`, `propose`). Tokens by origin: accepted tokens of drafter blocks (draft) and of "
+             "prompt-lookup copies (lookup), and each round's recovered or bonus token (target).")
+    L.append("")
+    if a["mismatches"]:
+        L.append(f"**GREEDY MISMATCH: {len(a['mismatches'])} outputs differ from plain decoding** "
+                 + "; ".join(f"{x['mode']} q{x['question_id']} r{x['repeat']}" for x in a["mismatches"][:10]))
+    else:
+        L.append("Greedy outputs: every mode token-identical to plain decoding.")
+    if a["errors"]:
+        L.append(f"- **{len(a['errors'])} requests failed**: "
+                 + "; ".join(f"{e['mode']} q{e['question_id']}: {e['error']}" for e in a["errors"][:10]))
+    for n in results.get("notes") or []:
+        L.append(f"- {n}")
+    L.append("")
+    return "\n".join(L)

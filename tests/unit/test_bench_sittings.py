@@ -1,0 +1,293 @@
+"""The bench's other sittings (``--versus``, ``--two-machine``, ``--concurrency``) and their parts: the
+streaming client against a stand-in llama-server over real HTTP, finding llama.cpp's tools, the
+llama-bench report, the delay relay on real sockets, and the figures and reports of each sitting from
+samples whose answers are worked out by hand."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import llama_stand_ins
+import pytest
+
+from tandem.bench import figures as F
+from tandem.bench.http_stream import chat_body, decode_figures, percentile, stream_chat
+from tandem.bench.workload import Prompt
+
+
+@pytest.fixture()
+def stand_in_bin(tmp_path) -> Path:
+    return llama_stand_ins.install(tmp_path / "bin")
+
+
+@pytest.fixture()
+def stand_in_server(stand_in_bin, tmp_path):
+    from tandem.bench.llama_server import LlamaServer
+
+    with LlamaServer(stand_in_bin / "llama-server", tmp_path / "model.gguf", 1, log_path=tmp_path / "s.log",
+                     startup_timeout_s=60) as server:
+        yield server
+
+
+def test_stream_chat_counts_tokens_and_times_the_decode(stand_in_server):
+    """A held-back token (llama-server sends an incomplete character with the next one) still counts:
+    the usage's total is the truth; decode tok/s leaves the first token's wait out."""
+    s = stream_chat(stand_in_server.url, chat_body("hi", 12), timeout_s=30)
+    assert "error" not in s, s
+    assert s["new_tokens"] == 12 and sum(s["chunk_tokens"]) == 12 and len(s["chunk_tokens"]) == 11
+    assert s["usage"]["completion_tokens"] == 12 and s["finish_reason"] == "length"
+    assert s["text"].split() == llama_stand_ins.WORDS[:12]
+    f = decode_figures(s)
+    step_ms = llama_stand_ins.STEP_S * 1e3
+    assert s["ttft_ms"] >= 2 * step_ms                             # the "prefill" and the first token
+    assert f["decode_tps"] <= 1e3 / step_ms * 1.05                  # never faster than the server's pace
+    assert f["decode_tps"] > 1e3 / step_ms / 4                      # nor far slower on a busy host
+    assert len(f["itl_ms"]) == 11 and min(f["itl_ms"]) > 0
+    assert f["request_tps"] < f["decode_tps"]                       # the request's rate includes the prefill
+
+
+def test_stream_chat_reports_http_errors(stand_in_server):
+    s = stream_chat(stand_in_server.url + "/nope", chat_body("hi", 2), timeout_s=10)
+    assert s["error"].startswith("HTTP 404")
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    assert "error" in stream_chat(f"http://127.0.0.1:{port}", chat_body("hi", 2), timeout_s=5)
+
+
+def test_find_tools_order_and_the_build_hint(stand_in_bin, tmp_path, monkeypatch):
+    from tandem.bench import llama_tools as T
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    empty_cache = tmp_path / "cache"
+    assert T.find_tools(None, cache=empty_cache) is None
+    assert "python -m tandem.bench.llama_tools build" in T.missing_message()
+    with pytest.raises(FileNotFoundError, match="llama_tools build"):
+        T.find_tools(str(tmp_path))                                  # an explicit folder without them
+    found = T.find_tools(str(stand_in_bin))
+    assert found.origin == "--llama-bin-dir" and found.server == stand_in_bin / "llama-server"
+    for version in ("9.0.0", "10.0.0"):                              # the newest build in the cache wins
+        llama_stand_ins.install(empty_cache / version / "bin")
+    assert T.find_tools(None, cache=empty_cache).bench == empty_cache / "10.0.0" / "bin" / "llama-bench"
+    monkeypatch.setenv("PATH", str(stand_in_bin))
+    assert T.find_tools(None, cache=tmp_path / "none").origin == "PATH"
+
+
+def test_llama_bench_decode_row(stand_in_bin, tmp_path):
+    from tandem.bench.llama_server import llama_bench, parse_llama_bench
+
+    b = llama_bench(stand_in_bin / "llama-bench", tmp_path / "m.gguf", threads=1, n_gen=64)
+    assert b["tokens_per_s"] == llama_stand_ins.BENCH_TPS and b["n_gen"] == 64 and b["n_threads"] == 1
+    assert b["command"][-8:] == ["-n", "64", "-p", "0", "-r", "3", "-o", "json"]
+    rows = '[{"n_prompt": 512, "n_gen": 0, "avg_ts": 900}, {"n_prompt": 0, "n_gen": 128, "avg_ts": 40}]'
+    assert parse_llama_bench("warming up\n" + rows)["tokens_per_s"] == 40
+    assert "error" in parse_llama_bench("no json here")
+
+
+def _echo_server():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+@pytest.mark.parametrize("delay_ms", [0.0, 40.0])
+def test_delay_relay_adds_the_round_trip_and_keeps_order(tmp_path, delay_ms):
+    from tandem.bench.two_machine import start_relay
+
+    echo = _echo_server()
+    proc, port = start_relay(f"127.0.0.1:{echo.getsockname()[1]}", delay_ms, None, tmp_path)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            rtts = []
+            for i in range(3):
+                msg = f"ping {i};".encode()
+                t0 = time.perf_counter()
+                c.sendall(msg)
+                got = b""
+                while len(got) < len(msg):
+                    got += c.recv(100)
+                rtts.append((time.perf_counter() - t0) * 1e3)
+                assert got == msg
+    finally:
+        proc.terminate()
+        proc.wait(5)
+        echo.close()
+    assert min(rtts) >= delay_ms * 0.95                     # half the round trip each way
+    if delay_ms:
+        assert min(rtts) < delay_ms + 200
+
+
+def test_netns_relay_script_still_runs(tmp_path):
+    """tests/e2e/netns_relay.py (run as a script inside a network namespace) is the same relay."""
+    echo = _echo_server()
+    (tmp_path / "d").write_text("0")
+    script = Path(__file__).resolve().parents[1] / "e2e" / "netns_relay.py"
+    proc = subprocess.Popen([sys.executable, str(script), "--listen", "127.0.0.1", "--port-file",
+                             str(tmp_path / "p"), "--to", f"127.0.0.1:{echo.getsockname()[1]}", "--delay-file",
+                             str(tmp_path / "d")])
+    try:
+        for _ in range(300):
+            if (tmp_path / "p").exists() and (tmp_path / "p").read_text():
+                break
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", int((tmp_path / "p").read_text())), timeout=10) as c:
+            c.sendall(b"x")
+            assert c.recv(10) == b"x"
+    finally:
+        proc.terminate()
+        proc.wait(5)
+        echo.close()
+
+
+# ---- the figures of each sitting, from samples worked out by hand ----------------------------------
+def _sample(mode, q, chunk_ms, chunk_tokens, repeat=0, text="t", **kw):
+    s = {"mode": mode, "question_id": q, "category": "c", "repeat": repeat, "chunk_ms": chunk_ms,
+         "chunk_tokens": chunk_tokens, "new_tokens": sum(chunk_tokens), "ttft_ms": chunk_ms[0],
+         "wall_ms": chunk_ms[-1], "text": text, **kw}
+    return F.with_figures(s)
+
+
+def test_decode_figures_spread_a_chunk_over_its_tokens():
+    f = decode_figures({"chunk_ms": [100.0, 110.0, 150.0], "chunk_tokens": [1, 1, 4], "new_tokens": 6,
+                        "wall_ms": 200.0, "ttft_ms": 100.0})
+    assert f["decode_tps"] == pytest.approx(5 / 0.050)
+    assert f["itl_ms"] == pytest.approx([10.0, 10.0, 10.0, 10.0, 10.0])
+    assert f["request_tps"] == pytest.approx(30.0)
+    assert percentile([1, 2, 3, 4, 5], 50) == 3 and percentile([0, 10], 95) == pytest.approx(9.5)
+    assert percentile([], 50) is None
+
+
+def test_versus_ratios_targets_and_agreement():
+    from tandem.bench import versus as V
+
+    # decode: llama-server 10 tok/s (10 tokens after the first in 1 s), Tandem plain 15, auto 30
+    def chunks(rate):
+        return [100.0 + i * 1e3 / rate for i in range(11)], [1] * 11
+
+    samples = []
+    for q in (1, 2):
+        samples.append(_sample(V.LLAMA_SERVER, q, *chunks(10), text="hello world" if q == 1 else "abcd"))
+        for m, rate in ((V.HTTP_PLAIN, 15), (V.GRPC_PLAIN, 15), (V.HTTP_AUTO, 30), (V.GRPC_AUTO, 30)):
+            samples.append(_sample(m, q, *chunks(rate), text="hello world" if q == 1 else "abXY"))
+    samples[-1]["text"] = "different"                              # grpc auto differs on q2: a Tandem bug
+    results = {"samples": samples, "llama_bench": [{"tokens_per_s": 12.0}, {"tokens_per_s": 14.0},
+                                                   {"error": "x"}, {"tokens_per_s": 13.0}]}
+    a = V.analyze_versus(results)
+    assert a["llama_bench_decode_tps"] == 13.0 and a["llama_bench_runs"] == [12.0, 14.0, 13.0]
+    plain = a["modes"][V.GRPC_PLAIN]
+    assert plain["decode_tps"] == pytest.approx(15) and plain["vs_llama_server_decode"] == pytest.approx(1.5)
+    assert plain["vs_llama_bench"] == pytest.approx(15 / 13)
+    assert a["modes"][V.HTTP_AUTO]["vs_llama_bench"] == pytest.approx(30 / 13)
+    assert a["targets"][V.GRPC_PLAIN]["met"] is False             # 1.15x llama-bench < 1.2x
+    g = a["agreement"][V.LLAMA_SERVER]
+    assert (g["prompts"], g["identical"]) == (2, 1) and g["common_prefix_share"] == pytest.approx((1 + 0.5) / 2)
+    assert a["mismatches"] == [V.GRPC_AUTO]
+    results.update(analysis=a, environment={"cpu": "Test CPU 9000"}, gguf="/x/m.gguf", threads=1,
+                   llama_server={"command": ["llama-server", "-m", "m.gguf"]}, tandem={"command": "tandem up"})
+    md = V.markdown_versus(results)
+    assert "Test CPU 9000" in md and "1.50x" in md and "**not met**" in md and "a mismatch is a bug" in md
+    assert V.bench_points(10, 3) == [0, 5, 10] and V.bench_points(10, 1) == [0] and V.bench_points(4, 0) == []
+
+
+def test_two_machine_hit_rate_and_tokens_by_origin():
+    from tandem.bench import two_machine as T
+
+    def rounds(sources, accepted, emitted):
+        n = len(sources)
+        return {"k": [3] * n, "accepted": accepted, "emitted": emitted, "source": sources, "draft_ms": [1.0] * n,
+                "verify_ms": [5.0] * n, "overhead_ms": [0.5] * n, "round_ms": [7.0] * n}
+
+    auto = T.auto_name(20)
+    samples = [
+        _sample(T.PLAIN, 1, [100.0, 300.0], [1, 4], token_ids=[1, 2, 3, 4, 5],
+                rounds=rounds(["", "", "", ""], [0, 0, 0, 0], [1, 1, 1, 1])),
+        _sample(T.LOOKUP_ONLY, 1, [100.0, 200.0], [1, 4], token_ids=[1, 2, 3, 4, 5],
+                rounds=rounds(["copy", "", ""], [2, 0, 0], [3, 1, 1])),
+        _sample(auto, 1, [100.0, 150.0], [1, 4], token_ids=[1, 2, 3, 4, 9],
+                rounds=rounds(["ahead", "wait", "ahead", "propose", "copy"], [1, 0, 2, 0, 1], [2, 1, 3, 1, 2])),
+    ]
+    results = {"samples": samples, "modes": [T.PLAIN, T.LOOKUP_ONLY, auto]}
+    a = T.analyze_two_machine(results)
+    src = a["modes"][auto]["sources"]
+    assert src["drafted_rounds"] == 4 and src["hit_rate"] == pytest.approx(0.5)
+    assert src["accepted_by_source"] == {"ahead": 3, "wait": 0, "propose": 0, "copy": 1}
+    assert src["target_tokens"] == 5
+    assert a["modes"][T.LOOKUP_ONLY]["sources"]["hit_rate"] is None
+    assert a["modes"][auto]["request_tps_vs_plain"] == pytest.approx(2.0)       # 5 tokens in 150 ms vs 300 ms
+    assert a["modes"][auto]["request_tps_vs_lookup_only"] == pytest.approx(200 / 150)
+    assert a["modes"][auto]["per_round"]["tokens_per_round"] == pytest.approx(9 / 5)
+    assert a["mismatches"] == [{"mode": auto, "question_id": 1, "repeat": 0}]
+    results.update(analysis=a, environment={"cpu": "Test CPU"}, verifier_cpus="0", drafter_cpus="1",
+                   delays_ms=[20.0], relay="relay")
+    md = T.markdown_two_machine(results)
+    assert "50%" in md and "draft 3, lookup 1, target 5" in md and "GREEDY MISMATCH" in md and "Test CPU" in md
+
+
+def test_concurrency_runs_clients_at_once_and_reports_percentiles():
+    from tandem.bench import concurrency as C
+
+    order = [Prompt(i, "c", f"p{i}") for i in range(3)]
+    seqs = C.client_sequences(order, 4, 2)
+    assert [[p.question_id for p in s] for s in seqs] == [[0, 1], [1, 2], [2, 0], [0, 1]]
+    inside = [0]
+    most = [0]
+    lock = threading.Lock()
+
+    def send(prompt):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        t0 = time.perf_counter()
+        time.sleep(0.05)
+        with lock:
+            inside[0] -= 1
+        dt = (time.perf_counter() - t0) * 1e3
+        return {"new_tokens": 5, "chunk_ms": [dt / 5 * i for i in range(1, 6)], "chunk_tokens": [1] * 5,
+                "ttft_ms": dt / 5, "wall_ms": dt}
+
+    samples = C.run_level(send, seqs, 4, C.PLAIN)
+    assert len(samples) == 8 and most[0] == 4                     # all four clients in flight together
+    f = C.level_figures(samples)
+    assert f["tokens"] == 40 and f["errors"] == 0
+    assert f["wall_s"] < 8 * 0.05                                   # concurrent, not one after another
+    assert f["aggregate_tps"] == pytest.approx(40 / f["wall_s"])
+    assert f["itl_p50_ms"] <= f["itl_p95_ms"] and f["itl_p50_ms"] >= 0.05 * 1e3 / 5 * 0.9
+    results = {"samples": samples + [dict(s, mode=C.LLAMA) for s in samples], "levels": [4]}
+    a = C.analyze_concurrency(results)
+    assert a["levels"]["4"][C.PLAIN]["vs_llama_server"] == pytest.approx(1.0)
+    results.update(analysis=a, environment={"cpu": "Test CPU"}, requests_per_client=2, threads=1,
+                   tandem={"command": "tandem up"}, llama_server={"4": {"command": ["llama-server", "--parallel", "4"]}})
+    md = C.markdown_concurrency(results)
+    assert "--parallel 4" in md and "Test CPU" in md
+
+
+def test_one_sitting_at_a_time_and_flag_checks(tmp_path):
+    import argparse
+
+    from tandem.bench import cli
+
+    p = argparse.ArgumentParser()
+    cli.configure(p)
+    args = p.parse_args(["--versus", "--concurrency", "1,2"])
+    with pytest.raises(ValueError, match="one sitting at a time"):
+        cli.run(args)
+    args = p.parse_args(["--two-machine", "--delays", "5,x", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="--delays"):
+        cli.run(args)
+    assert cli.sitting_of(p.parse_args([])) is None
