@@ -2,8 +2,8 @@
 
 ``TorchOps`` is the readable reference: every op in torch, for every architecture feature (both rope
 layouts, q/k norms, sliding windows, SiLU and GELU-tanh). ``NativeOps`` runs what the C kernels cover
-(``native``: residual add + RMSNorm, rope of the halves layout + KV store, SiLU product, exact-rows
-attention, also over a sliding window) in C, and the rest through ``TorchOps``.
+(``native``: residual add + RMSNorm, per-head RMSNorm, rope of either layout + KV store, SiLU and
+GELU-tanh products, exact-rows attention, also over a sliding window) in C.
 
 Every op treats each row on its own with the same code whatever the number of rows, so a token's row
 in a verify block is bit-identical to the plain step that would have computed it. Attention comes in
@@ -11,7 +11,7 @@ two forms: ``attend_rows`` (each query row over its own causal prefix, the exact
 ``attend_block`` (one masked SDPA call, for prefill chunks).
 
 Shapes: x, h [n, hidden]; qkv [n, (heads + 2 kv_heads) head_dim]; one layer's cache kv
-[2, kv_heads, capacity, head_dim]; cos/sin [n, head_dim] in the rope layout's order.
+[2, kv_heads, capacity, head_dim]; cos/sin [n, head_dim] as ``rope_tables`` builds them.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ def rope_inv_freq(base: float, head_dim: int, factors=None, linear: float = 1.0)
 
 class TorchOps:
     name = "torch"
-    layouts = (HALVES, INTERLEAVED)          # rope layouts this backend applies as stored
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), w, eps)
@@ -124,9 +123,9 @@ class TorchOps:
 
 
 class NativeOps(TorchOps):
-    """The C kernels (``native.library()``) where they apply (see the module docstring), ``TorchOps`` for the
-    rest. Kernels built before sliding windows, the interleaved rope, GELU-tanh and per-head norms lacked
-    them: those ops then run in torch."""
+    """The C kernels of the ISA in use (``native.library()``: norms, both rope layouts + KV store, SiLU and
+    GELU-tanh products, exact-rows attention with or without a window); ``TorchOps`` for inputs they do not
+    take (a non-contiguous or odd-sized tensor)."""
 
     name = "native"
 
@@ -134,13 +133,7 @@ class NativeOps(TorchOps):
         self.lib = lib or native.library()
         if self.lib is None:
             raise RuntimeError(f"the C kernels are not available: {native.unavailable_reason()}")
-        self.isa = getattr(self.lib, "isa", "avx512")
-        full = hasattr(self.lib, "head_rms_norm")       # the kernels with windows, both ropes, GELU, head norms
-        self.layouts = (HALVES, INTERLEAVED) if full else (HALVES,)
-        self.windows = full
-        self.gelu = getattr(self.lib, "gelu_tanh_mul", None)
-        self.head_norm = getattr(self.lib, "head_rms_norm", None)
-        self.attention_dims = 1 if full else 16          # head_dim must be a multiple of this
+        self.isa = self.lib.isa
 
     def add_rms_norm(self, x, y, w, eps, h) -> None:
         n, dim = x.shape
@@ -155,27 +148,23 @@ class NativeOps(TorchOps):
         return h
 
     def rope_store(self, qkv, heads, kv_heads, d, cos, sin, layout, kv, start, q_norm, k_norm, eps):
-        if (layout not in self.layouts or d % 2 or not qkv.is_contiguous()
-                or (q_norm is not None and self.head_norm is None)):
+        if d % 2 or not qkv.is_contiguous():
             return super().rope_store(qkv, heads, kv_heads, d, cos, sin, layout, kv, start, q_norm, k_norm, eps)
         n, row = qkv.shape
         if q_norm is not None:          # per-head norms of q and k in place, then rope + store
-            self.head_norm(qkv.data_ptr(), n, row, heads, d, q_norm.data_ptr(), eps)
-            self.head_norm(qkv.data_ptr() + heads * d * qkv.element_size(), n, row, kv_heads, d, k_norm.data_ptr(),
-                           eps)
+            self.lib.head_rms_norm(qkv.data_ptr(), n, row, heads, d, q_norm.data_ptr(), eps)
+            self.lib.head_rms_norm(qkv.data_ptr() + heads * d * qkv.element_size(), n, row, kv_heads, d,
+                                   k_norm.data_ptr(), eps)
         q = torch.empty(n, heads, d)
         plane = kv.shape[1] * kv.shape[2] * kv.shape[3]                               # KV * capacity * D
         base = kv.data_ptr()
         args = (qkv.data_ptr(), n, heads, kv_heads, d, cos.data_ptr(), sin.data_ptr(), base,
                 base + plane * kv.element_size(), kv.shape[2], start, q.data_ptr())
-        if layout == INTERLEAVED:
-            self.lib.rope_store(*args, interleaved=1)
-        else:
-            self.lib.rope_store(*args)
+        self.lib.rope_store(*args, interleaved=int(layout == INTERLEAVED))
         return q
 
     def gated(self, gate_up, activation):
-        kernel = self.lib.silu_mul if activation == SILU else self.gelu if activation == GELU_TANH else None
+        kernel = {SILU: self.lib.silu_mul, GELU_TANH: self.lib.gelu_tanh_mul}.get(activation)
         if kernel is None:
             return super().gated(gate_up, activation)
         n, width = gate_up.shape
@@ -185,17 +174,14 @@ class NativeOps(TorchOps):
 
     def attend_rows(self, q, kv, start, scale, window):
         n, heads, d = q.shape
-        if d % self.attention_dims or q.stride(2) != 1 or q.stride(1) != d or (window and not self.windows):
+        if q.stride(2) != 1 or q.stride(1) != d:
             return super().attend_rows(q, kv, start, scale, window)
         out = torch.empty(n, heads * d)
         plane = kv.shape[1] * kv.shape[2] * kv.shape[3]
         base = kv.data_ptr()
         args = (q.data_ptr(), q.stride(0), n, heads, kv.shape[1], d, base, base + plane * kv.element_size(),
                 kv.shape[2], start, scale, out.data_ptr(), torch.get_num_threads())
-        if window:
-            self.lib.row_attention(*args, window=window)
-        else:
-            self.lib.row_attention(*args)
+        self.lib.row_attention(*args, window=window)
         return out
 
     def describe(self) -> str:

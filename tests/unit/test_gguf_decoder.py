@@ -18,7 +18,6 @@ from tandem.types import DraftToken, SamplingParams
 from tiny_models import make_tokenizer
 from verifier_service import native
 from verifier_service.gguf_model import GgufModel
-from verifier_service.kv_cache import TargetSession
 from verifier_service.target import Target
 
 MIX = {"default": "Q8_0", "attn_output": "Q4_K", "ffn_down": "Q6_K", "ffn_gate": "Q5_0", "attn_q": "Q4_1"}
