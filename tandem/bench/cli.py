@@ -298,8 +298,13 @@ def run_sitting(args) -> int:
     except (RuntimeError, TimeoutError, FileNotFoundError) as exc:
         log(f"[bench] --{name.replace('_', '-')}: {exc}")
         return 1
-    results.update(command=["tandem", "bench", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "bench" else
-                   [Path(sys.argv[0]).name, *sys.argv[1:]],
+    if len(sys.argv) > 1 and sys.argv[1] == "bench":
+        command = ["tandem", "bench", *sys.argv[2:]]
+    elif sys.argv and sys.argv[0].endswith("versus.py"):
+        command = ["python", "-m", "tandem.bench.versus", *sys.argv[1:]]
+    else:
+        command = ["tandem", "bench", f"--{name.replace('_', '-')}", "(called in-process)"]
+    results.update(command=command,
                    started_at=started.isoformat(timespec="seconds"),
                    config={k: v for k, v in vars(args).items() if not callable(v)},
                    workload={"questions": str(args.questions or DEFAULT_QUESTIONS), "split": args.split,

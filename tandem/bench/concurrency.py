@@ -167,7 +167,7 @@ def markdown_concurrency(results: dict) -> str:
     from tandem.bench.report import _table
     from tandem.bench.versus import _f
 
-    cpu = results["environment"].get("cpu", "?")
+    cpu = results["environment"].get("cpu_label") or results["environment"].get("cpu", "?")
     L = [f"# Concurrency: {results.get('threads')} thread(s), levels {', '.join(map(str, results['levels']))}", ""]
     L.append(f"Run {results.get('started_at', '?')} – {results.get('finished_at', '?')}; CPU **{cpu}**. Each client "
              f"sends {results['requests_per_client']} requests one after another, all clients at once; the same "

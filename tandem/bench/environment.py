@@ -25,6 +25,23 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_label() -> str:
+    """The CPU as the reports print it beside every figure: lscpu's model name, family and model (a
+    virtual machine's bare "AMD EPYC" says which generation only by those), CPUs, widest vector ISA."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines():
+            key, _, value = line.partition(":")
+            fields[key.strip().lower()] = value.strip()
+    except OSError:
+        return cpu_model()
+    flags = set(fields.get("flags", "").split())
+    isa = next((f for f in ("avx512f", "avx2", "avx", "sse4_2") if f in flags), None)
+    parts = [f"family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields else None,
+             f"{os.cpu_count()} CPUs", isa and isa.replace("avx512f", "avx512") + (" + fma" if "fma" in flags else "")]
+    return f"{cpu_model()} ({', '.join(p for p in parts if p)})"
+
+
 def cpu_flags() -> list[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -88,7 +105,7 @@ def environment() -> dict:
     except ImportError:
         torch_threads = None
     return {
-        "cpu": cpu_model(), "cpu_flags": cpu_flags(), "logical_cores": os.cpu_count(), "usable_cores": affinity,
+        "cpu": cpu_model(), "cpu_label": cpu_label(), "cpu_flags": cpu_flags(), "logical_cores": os.cpu_count(), "usable_cores": affinity,
         "memory_bytes": memory_total_bytes(), "platform": platform.platform(), "hostname": platform.node(),
         "versions": versions(), "git": git_commit(), "torch_threads_bench_process": torch_threads,
         "load_average_start": load_average(),

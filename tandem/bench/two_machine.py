@@ -219,7 +219,7 @@ def markdown_two_machine(results: dict) -> str:
     from tandem.bench.versus import _f
 
     a = results["analysis"]
-    cpu = results["environment"].get("cpu", "?")
+    cpu = results["environment"].get("cpu_label") or results["environment"].get("cpu", "?")
     L = ["# Two machines on one host: what the drafter node is worth", ""]
     L.append(f"Run {results.get('started_at', '?')} – {results.get('finished_at', '?')}; CPU **{cpu}**. Verifier "
              f"(1 thread) and gateways on CPU {results['verifier_cpus']}, drafter on CPU {results['drafter_cpus']}; "

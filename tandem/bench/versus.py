@@ -196,7 +196,7 @@ def markdown_versus(results: dict) -> str:
     from tandem.bench.report import _table
 
     a = results["analysis"]
-    cpu = results["environment"].get("cpu", "?")
+    cpu = results["environment"].get("cpu_label") or results["environment"].get("cpu", "?")
     cfg = results.get("config") or {}
     L = [f"# Tandem vs llama.cpp as users run it: {Path(results['gguf']).name}, {results['threads']} thread(s)", ""]
     L.append(f"Run {results.get('started_at', '?')} – {results.get('finished_at', '?')}; CPU **{cpu}**; load "

@@ -291,3 +291,123 @@ def test_one_sitting_at_a_time_and_flag_checks(tmp_path):
     with pytest.raises(ValueError, match="--delays"):
         cli.run(args)
     assert cli.sitting_of(p.parse_args([])) is None
+
+
+# ---- the sittings end to end on tiny models: real services as processes ---------------------------
+QUESTIONS = [{"question_id": 1, "category": "alpha", "turns": ["w1 w5 w9 w20 w1 w5 w9"]},
+             {"question_id": 2, "category": "beta", "turns": ["w3 w4 w7 w3 w4"]}]
+
+
+def _bench_args(*argv):
+    import argparse
+
+    from tandem.bench import cli
+
+    p = argparse.ArgumentParser()
+    cli.configure(p)
+    return cli, p.parse_args([*argv, "--no-progress", "--repeats", "1", "--max-tokens", "12",
+                              "--verifier-threads", "1", "--startup-timeout", "300"])
+
+
+@pytest.fixture()
+def questions_file(tmp_path):
+    import json
+
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return path
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity")
+                    or not {0, 1} <= __import__("os").sched_getaffinity(0), reason="needs CPUs 0 and 1")
+def test_two_machine_sitting_on_tiny_models(tmp_path, questions_file, tiny_target_dir, tiny_target_export):
+    """The drafter is the tiny target itself (every draft accepted), so auto drafts through the relay at
+    0 ms; the gateways at 30 ms talk to the drafter through their own relay; the lookup-only gateway
+    never calls a drafter; every output equals plain decoding. (At 30 ms auto may rightly stop drafting
+    for so fast a target: the relay's delay itself is tested on sockets above.)"""
+    import json
+
+    from tandem.bench import two_machine as T
+
+    out = tmp_path / "out"
+    cli, args = _bench_args("--two-machine", "--delays", "0,30", "--target", str(tiny_target_dir), "--drafter",
+                            str(tiny_target_export[0]), "--questions", str(questions_file), "--split", "all",
+                            "--out", str(out))
+    assert cli.run(args) == 0
+    r = json.loads((out / "results.json").read_text())
+    a = r["analysis"]
+    assert r["modes"] == ["plain", "lookup-only", "auto@0ms", "no-ahead@0ms", "auto@30ms", "no-ahead@30ms"]
+    assert not a["mismatches"] and not a["errors"]
+    lookup = a["modes"][T.LOOKUP_ONLY]["sources"]
+    assert lookup["drafted_rounds"] == 0 and set(lookup["rounds"]) <= {"plain", "copy"}
+    assert set(a["modes"][T.PLAIN]["sources"]["rounds"]) == {"plain"}
+    drafter = lambda m: r["gateway_commands"][m][r["gateway_commands"][m].index("--drafter") + 1]
+    assert drafter("auto@0ms") == drafter("no-ahead@0ms") != drafter("auto@30ms") == drafter("no-ahead@30ms")
+    assert a["modes"]["no-ahead@0ms"]["sources"]["rounds"].get("ahead", 0) == 0
+    drafter_name = r["models"]["drafter"]["model_name"]
+    for s in r["samples"]:                     # every speculative gateway reached the drafter through its relay
+        if "@" in s["mode"]:
+            assert s["server"]["draft_model"] == drafter_name and s["server"]["speculative"]
+        elif s["mode"] == T.LOOKUP_ONLY:
+            assert s["server"]["draft_model"] != drafter_name
+    md = (out / "report.md").read_text()
+    assert "hit rate" in md and "lookup-only" in md and r["environment"]["cpu"] in md
+
+
+def test_versus_sitting_with_stand_in_llama_tools(tmp_path, questions_file, tiny_target_dir, tiny_target_export,
+                                                  stand_in_bin, monkeypatch):
+    """tandem up really started (HTTP and gRPC); llama-server and llama-bench are the stand-ins (the
+    real ones need a GGUF and a build): every mode answers every prompt, Tandem's four modes agree,
+    and the report gives each Tandem figure against llama-bench's (the stand-in's 50 tok/s)."""
+    import json
+
+    from tandem.bench import llama_peer
+    from tandem.bench import versus as V
+
+    monkeypatch.setattr(llama_peer, "gguf_path", lambda target: (tmp_path / "model.gguf", ""))
+    out = tmp_path / "out"
+    cli, args = _bench_args("--versus", "--target", str(tiny_target_dir), "--drafter", str(tiny_target_export[0]),
+                            "--questions", str(questions_file), "--split", "all", "--llama-bin-dir",
+                            str(stand_in_bin), "--llama-bench-runs", "2", "--out", str(out))
+    assert cli.run(args) == 0
+    r = json.loads((out / "results.json").read_text())
+    a = r["analysis"]
+    assert [b["at_step"] for b in r["llama_bench"]] == [0, 2]
+    assert a["llama_bench_decode_tps"] == llama_stand_ins.BENCH_TPS
+    assert set(a["modes"]) == set(V.MODES) and not a["errors"] and not a["mismatches"]
+    for m in V.MODES:
+        assert a["modes"][m]["prompts"] == 2
+        assert a["modes"][m]["vs_llama_bench"] == pytest.approx(a["modes"][m]["decode_tps"] / 50.0)
+    assert a["modes"][V.GRPC_AUTO]["rounds"]["tokens_per_round"] > 1          # every draft accepted
+    assert a["modes"][V.HTTP_AUTO]["origins"].get("draft")
+    md = (out / "report.md").read_text()
+    assert "vs llama-bench decode" in md and r["environment"]["cpu"] in md and "llama-server" in md
+
+
+def test_concurrency_sitting_with_a_stand_in_llama_server(tmp_path, questions_file, tiny_target_dir,
+                                                           tiny_target_export, stand_in_bin, monkeypatch):
+    """Two levels against tandem up (plain and auto over HTTP) and the stand-in llama-server started with
+    --parallel N per level: every client's every request answered, figures at each level."""
+    import json
+
+    from tandem.bench import concurrency as C
+    from tandem.bench import llama_peer
+
+    monkeypatch.setattr(llama_peer, "gguf_path", lambda target: (tmp_path / "model.gguf", ""))
+    out = tmp_path / "out"
+    cli, args = _bench_args("--concurrency", "1,2", "--concurrency-requests", "2", "--target", str(tiny_target_dir),
+                            "--drafter", str(tiny_target_export[0]), "--questions", str(questions_file), "--split",
+                            "all", "--llama-bin-dir", str(stand_in_bin), "--out", str(out))
+    assert cli.run(args) == 0
+    r = json.loads((out / "results.json").read_text())
+    levels = r["analysis"]["levels"]
+    for level in ("1", "2"):
+        assert set(levels[level]) == {C.LLAMA, C.PLAIN, C.AUTO}
+        for f in levels[level].values():
+            assert f["requests"] == 2 * int(level) and f["errors"] == 0 and f["tokens"] > 0
+            assert f["itl_p50_ms"] <= f["itl_p95_ms"]
+    assert levels["2"][C.LLAMA]["tokens"] == 12 * 2 * 2                 # the stand-in always answers 12 tokens
+    cmd = r["llama_server"]["2"]["command"]
+    assert cmd[cmd.index("--parallel") + 1] == "2" and cmd[cmd.index("-c") + 1] == str(2 * 4096)
+    assert sorted({s["client"] for s in r["samples"] if s["level"] == 2}) == [0, 1]
+    assert "--parallel 2" in (out / "report.md").read_text()
