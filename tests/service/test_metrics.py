@@ -67,8 +67,11 @@ def test_counters_equal_the_replies_statistics(stack):
         for i, want in enumerate(per_pos):
             key = ("tandem:spec_decode_num_accepted_tokens_per_pos_total", ("position", str(i)))
             assert delta(service, key) == want, (service, key)
-    assert delta("drafter", "tandem:spec_decode_num_drafts_total") == drafts
-    assert delta("drafter", "tandem:spec_decode_num_draft_tokens_total") == proposed
+    # the drafter counts what it drafted: every token the rounds took from it, and those it drafted ahead that a
+    # rejection made useless
+    from_drafter = sum(r.proposed for r in rounds if r.source in ("ahead", "wait", "propose"))
+    assert from_drafter > 0 and delta("drafter", "tandem:spec_decode_num_draft_tokens_total") >= from_drafter
+    assert delta("drafter", "tandem:spec_decode_num_drafts_total") > 0
     assert "tandem:spec_decode_num_accepted_tokens_total" not in after["drafter"]   # it cannot know
 
     # Latency histograms: one TTFT per request, one inter-token latency per round.
@@ -88,9 +91,10 @@ def test_counters_equal_the_replies_statistics(stack):
     assert delta("verifier", "tandem:verify_duration_seconds_sum") == pytest.approx(
         sum(r.verify_ms for r in rounds) / 1e3, rel=1e-6)
     assert delta("verifier", "tandem:prefill_duration_seconds_count") == len(replies)
-    assert delta("drafter", "tandem:draft_duration_seconds_count") == drafts
-    assert delta("drafter", "tandem:draft_duration_seconds_sum") == pytest.approx(
-        sum(r.draft_ms for r in rounds) / 1e3, rel=1e-6)
+    # one draft duration per drafting call (a Propose, or a chunk drafted ahead)
+    assert delta("drafter", "tandem:draft_duration_seconds_count") == delta("drafter",
+                                                                            "tandem:spec_decode_num_drafts_total")
+    assert delta("drafter", "tandem:draft_duration_seconds_sum") > 0
 
     assert "tandem:kv_cache_bytes" not in after["gateway"]
     for name in stack.http:                         # every session was freed; RSS is reported
