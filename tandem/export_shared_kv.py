@@ -60,7 +60,6 @@ METADATA_FILE = "drafter.json"
 SHARED_KV = "shared"                   # drafter.json "kv_cache" of the graphs written here
 OPSET = 20
 IR_VERSION = 10                        # what onnxruntime 1.2x loads
-INPUTS = ("input_ids", "seqlens_k", "total_sequence_length", "logits_to_keep")
 PARITY_TOLERANCE = 1e-3                # fp32 graphs: max |logit| difference enforced
 
 
@@ -187,7 +186,8 @@ def _linears(g: _Graph) -> list[Linear]:
 
 
 def _embedding(g: _Graph) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    gathers = [n for n in g.nodes if n.op_type == "Gather" and n.input[1] == "input_ids" and g.const(n.input[0]) is not None]
+    gathers = [n for n in g.nodes
+               if n.op_type == "Gather" and n.input[1] == "input_ids" and g.const(n.input[0]) is not None]
     if len(gathers) != 1:
         raise ValueError("cannot find the token embedding (a Gather of a constant table by input_ids)")
     table = g.const(gathers[0].input[0])
@@ -354,7 +354,8 @@ class _Builder:
         w = self.init(f"{tag}/weight_quantized", np.concatenate([p.weight for p in parts], axis=1))
         ws = self.init(f"{tag}/weight_scale", scale)
         wz = self.init(f"{tag}/weight_zero_point", zp)
-        xq, xs, xz = self.node("DynamicQuantizeLinear", [x], [f"{tag}/x_quantized", f"{tag}/x_scale", f"{tag}/x_zero_point"])
+        xq, xs, xz = self.node("DynamicQuantizeLinear", [x],
+                               [f"{tag}/x_quantized", f"{tag}/x_scale", f"{tag}/x_zero_point"])
         if last_rows:
             xq = self.last_rows(xq, tag)
         scales = self.node("Mul", [xs, ws], [f"{tag}/scales"])
@@ -406,8 +407,8 @@ def build_shared_kv(weights: DecoderWeights, max_positions: int):
     b.linears(h, [w.head], "lm_head", last_rows=True)
     b.nodes[-1].output[0] = "logits"                 # the head's last node writes the graph output
     layers, kv, dim = len(w.layers), w.num_kv_heads, w.head_dim
-    cache = [helper.make_tensor_value_info(f"{p}.{i}.{n}", TensorProto.FLOAT, [1, kv, "capacity", dim])
-             for p in ("past_key_values",) for i in range(layers) for n in ("key", "value")]
+    cache = [helper.make_tensor_value_info(f"past_key_values.{i}.{n}", TensorProto.FLOAT, [1, kv, "capacity", dim])
+             for i in range(layers) for n in ("key", "value")]
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "seq"]), *cache,
               helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
               helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
@@ -505,10 +506,11 @@ def _compare(a: np.ndarray, b: np.ndarray, acc: dict) -> None:
 def parity(classic_onnx, shared_onnx, prompts: list[list[int]], steps: int = 32,
            draft_vocab: np.ndarray | None = None, chunk: int = 64) -> dict:
     """The two graphs fed the same tokens: each prompt in one run (logits of every position, and of the last
-    one alone), then ``steps`` greedy tokens of the classic graph one at a time. Per phase: max |logit| and |q| differences (q: softmax
-    at temperature 1), top-1 agreement, rows bit-identical. For scale, ``classic_chunked`` is the classic
-    graph against itself with the prompt fed in runs of ``chunk`` tokens (int8 activations are quantized per
-    run, so the classic graph's own logits depend on how the tokens were batched)."""
+    one alone), then ``steps`` greedy tokens of the classic graph one at a time. Per phase: max |logit| and
+    |q| differences (q: softmax at temperature 1), top-1 agreement, rows bit-identical. For scale,
+    ``classic_chunked`` is the classic graph against itself with the prompt fed in runs of ``chunk`` tokens
+    (int8 activations are quantized per run, so the classic graph's own logits depend on how the tokens were
+    batched)."""
     phases = ("prompt", "prompt_last_row", "greedy_steps", "classic_chunked")
     out: dict = {"prompts": len(prompts), "steps": steps, **{p: {} for p in phases}}
     for ids in prompts:
@@ -517,7 +519,8 @@ def parity(classic_onnx, shared_onnx, prompts: list[list[int]], steps: int = 32,
         _compare(a, SharedKVRunner(shared_onnx).feed(ids, len(ids)), out["prompt"])
         _compare(a[-1:], new.feed(ids, 1), out["prompt_last_row"])      # the head on the returned row only
         chunked = ClassicRunner(classic_onnx)
-        rows = np.concatenate([chunked.feed(ids[i:i + chunk], len(ids[i:i + chunk])) for i in range(0, len(ids), chunk)])
+        runs = [ids[i:i + chunk] for i in range(0, len(ids), chunk)]
+        rows = np.concatenate([chunked.feed(run, len(run)) for run in runs])
         _compare(a, rows, out["classic_chunked"])
         logits = a[-1]
         for _ in range(steps):
@@ -605,7 +608,7 @@ def convert(source, out_dir, *, max_positions: int | None = None, check_prompts:
             dv = meta.get("draft_vocab")
             draft_vocab = np.load(onnx_path.parent / dv) if dv else None
             report.parity = parity(onnx_path, written, check_prompts, steps, draft_vocab)
-            worst = max(report.parity["prompt"]["max_abs_logit_diff"], report.parity["greedy_steps"]["max_abs_logit_diff"])
+            worst = max(report.parity[p]["max_abs_logit_diff"] for p in ("prompt", "greedy_steps"))
             if not report.quantized and worst > PARITY_TOLERANCE:
                 raise RuntimeError(f"the shared-buffer graph does not match {onnx_path}: max logits diff {worst:.3g} "
                                    f"> {PARITY_TOLERANCE}")

@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [f"{d.name} ({'shared KV' if _shared(d) else 'classic'})" for d in dirs]
     if len(set(names)) < len(names):
         names = [f"{n} [{i}]" for i, n in enumerate(names)]
-    drafters = {n: ModelDrafter(d, threads=args.threads, providers=["CPUExecutionProvider"]) for n, d in zip(names, dirs)}
+    drafters = {n: ModelDrafter(d, threads=args.threads, providers=["CPUExecutionProvider"])
+                for n, d in zip(names, dirs)}
     clocks = {n: _OrtClock(d.session) for n, d in drafters.items()}
     ids = _context(next(iter(drafters.values())), max(contexts) + max(feeds) + 1)
     target = None
@@ -182,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + "---|" * len(head))
     for length in contexts:
         for n in names:
-            row = [str(length), n] + [f"{cell((n, length, 'draft', k))} ({cell((n, length, 'draft_ort', k))})" for k in ks]
+            row = [str(length), n]
+            row += [f"{cell((n, length, 'draft', k))} ({cell((n, length, 'draft_ort', k))})" for k in ks]
             row += [cell((n, length, "feed", f)) for f in feeds]
             t = cells.get(("target", length))
             d = cells.get((n, length, "draft", ks[-1]))

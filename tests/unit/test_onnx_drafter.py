@@ -327,7 +327,8 @@ def _round_trip(drafter, rng_seed: int, sessions: int = 6, rounds: int = 10):
             if r % 4 == 3:                          # the gateway resends from an earlier prefix
                 known = int(rng.integers(1, len(context)))
                 context = context[:known]
-            appended = p.token_ids[:accepted] + [int(rng.integers(3, 64))] + rng.integers(3, 64, size=int(rng.integers(0, 40))).tolist()
+            bonus, caught_up = int(rng.integers(3, 64)), rng.integers(3, 64, size=int(rng.integers(0, 40))).tolist()
+            appended = p.token_ids[:accepted] + [bonus] + caught_up
             context = context + appended
     return out
 
@@ -356,7 +357,8 @@ def test_shared_kv_graph_equals_torch_greedy_and_rolls_back(kv_layouts):
     context = PROMPT + p.token_ids[:2] + [9]              # 2 drafts accepted + a correction
     assert drafter.propose("s", len(PROMPT), p.token_ids[:2] + [9], 4).token_ids == torch_greedy(src, context, 4)
     # back to the first 5 tokens and a different continuation: as a fresh session
-    assert drafter.propose("s", 5, [50, 51, 52], 5).token_ids == drafter.propose("f", 0, PROMPT[:5] + [50, 51, 52], 5).token_ids
+    fresh = drafter.propose("f", 0, PROMPT[:5] + [50, 51, 52], 5).token_ids
+    assert drafter.propose("s", 5, [50, 51, 52], 5).token_ids == fresh
 
 
 def test_shared_kv_buffers_grow_and_are_counted(kv_layouts):
