@@ -143,8 +143,8 @@ def run(args) -> int:
     from tandem.bench.analysis import analyze
     from tandem.bench.plots import write_plots
     from tandem.bench.report import console_summary, write_json, write_markdown
-    from tandem.bench.runner import Settings, default_out_dir, run_benchmark
-    from tandem.bench.workload import DEFAULT_QUESTIONS, TRAIN_MODULUS, interleave_by_category, load_questions
+    from tandem.bench.runner import run_benchmark
+    from tandem.bench.workload import DEFAULT_QUESTIONS, TRAIN_MODULUS
 
     if args.rerender:
         return rerender(Path(args.rerender))
@@ -153,14 +153,7 @@ def run(args) -> int:
     t_start = time.perf_counter()
     started = _dt.datetime.now().astimezone()
     _validate(args)
-    prompts = load_questions(args.questions, split=args.split, categories=args.categories_list,
-                             limit_per_category=args.limit_per_category)
-    run_order = interleave_by_category(prompts)
-    out_dir = Path(args.out) if args.out else default_out_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    settings = Settings(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                        seed=args.seed, ignore_eos=args.ignore_eos, timeout_s=args.request_timeout)
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    prompts, run_order, out_dir, settings = _workload(args)
     if args.repeats < 3:
         log(f"[bench] note: --repeats {args.repeats} < 3: the reported spread means little")
     log(f"[bench] {len(prompts)} prompts, {args.max_tokens} new tokens max, "
@@ -224,6 +217,24 @@ def run(args) -> int:
     return 1 if failed else 0
 
 
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _workload(args):
+    """(prompts, their interleaved run order, the output folder (made), the request settings)."""
+    from tandem.bench.runner import Settings, default_out_dir
+    from tandem.bench.workload import interleave_by_category, load_questions
+
+    prompts = load_questions(args.questions, split=args.split, categories=args.categories_list,
+                             limit_per_category=args.limit_per_category)
+    out_dir = Path(args.out) if args.out else default_out_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = Settings(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        seed=args.seed, ignore_eos=args.ignore_eos, timeout_s=args.request_timeout)
+    return prompts, interleave_by_category(prompts), out_dir, settings
+
+
 def rerender(json_path: Path) -> int:
     """Rewrites report.md and the plots of an earlier run from its results.json."""
     import json
@@ -266,8 +277,7 @@ def run_sitting(args) -> int:
     import importlib
 
     from tandem.bench.report import write_json
-    from tandem.bench.runner import Settings, default_out_dir
-    from tandem.bench.workload import DEFAULT_QUESTIONS, interleave_by_category, load_questions
+    from tandem.bench.workload import DEFAULT_QUESTIONS
 
     name = sitting_of(args)
     module, run_name, analyze_name, markdown_name = SITTINGS[name]
@@ -283,14 +293,7 @@ def run_sitting(args) -> int:
         raise ValueError("--concurrency-requests must be >= 1")
     started = _dt.datetime.now().astimezone()
     t0 = time.perf_counter()
-    prompts = load_questions(args.questions, split=args.split, categories=args.categories_list,
-                             limit_per_category=args.limit_per_category)
-    run_order = interleave_by_category(prompts)
-    out_dir = Path(args.out) if args.out else default_out_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    settings = Settings(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                        seed=args.seed, ignore_eos=args.ignore_eos, timeout_s=args.request_timeout)
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    prompts, run_order, out_dir, settings = _workload(args)
     log(f"[bench] --{name.replace('_', '-')}: {len(prompts)} prompts, {args.max_tokens} new tokens max, "
         f"{args.repeats} repeat(s); writing to {out_dir}")
     try:

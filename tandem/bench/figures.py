@@ -89,3 +89,14 @@ def text_agreement(samples: list[dict], mode: str, reference: str) -> dict:
         shares.append(n / len(y) if y else 1.0)
     return {"prompts": len(qs), "identical": identical,
             "common_prefix_share": sum(shares) / len(shares) if shares else None}
+
+
+def failure_lines(analysis: dict, notes: list[str] | None) -> list[str]:
+    """A sitting report's closing bullets: failed requests (the first ten), then the run's notes."""
+    out = []
+    errors = analysis.get("errors") or []
+    if errors:
+        out.append(f"- **{len(errors)} requests failed**: "
+                   + "; ".join(f"{e['mode']} q{e['question_id']}: {e['error']}" for e in errors[:10]))
+    out += [f"- {n}" for n in notes or []]
+    return out

@@ -257,10 +257,6 @@ def markdown_two_machine(results: dict) -> str:
                  + "; ".join(f"{x['mode']} q{x['question_id']} r{x['repeat']}" for x in a["mismatches"][:10]))
     else:
         L.append("Greedy outputs: every mode token-identical to plain decoding.")
-    if a["errors"]:
-        L.append(f"- **{len(a['errors'])} requests failed**: "
-                 + "; ".join(f"{e['mode']} q{e['question_id']}: {e['error']}" for e in a["errors"][:10]))
-    for n in results.get("notes") or []:
-        L.append(f"- {n}")
+    L += F.failure_lines(a, results.get("notes"))
     L.append("")
     return "\n".join(L)

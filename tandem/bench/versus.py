@@ -263,11 +263,7 @@ def markdown_versus(results: dict) -> str:
     for m, r in a["modes"].items():
         if r.get("origins"):
             L.append(f"- {m}: tokens by origin " + ", ".join(f"{k} {v}" for k, v in sorted(r["origins"].items())) + ".")
-    if a["errors"]:
-        L.append(f"- **{len(a['errors'])} requests failed**: "
-                 + "; ".join(f"{e['mode']} q{e['question_id']}: {e['error']}" for e in a["errors"][:10]))
-    for n in results.get("notes") or []:
-        L.append(f"- {n}")
+    L += F.failure_lines(a, results.get("notes"))
     L.append("")
     return "\n".join(L)
 
