@@ -92,13 +92,25 @@ def build_request(args) -> gateway_pb2.GenerateRequest:
                                        draft_confidence=getattr(args, "draft_confidence", None))
 
 
+def decoding_mode(s: gateway_pb2.GenerateStats) -> str:
+    """How the request was decoded, as the statistics show it: with the drafter, or the target alone (and why)."""
+    if not s.speculative:
+        mode = "target only"
+    elif s.fallback_reason:
+        mode = (f"speculative until the drafter failed (drafter {s.draft_model})" if s.proposed
+                else "target only")
+    elif not s.proposed:
+        mode = f"target only (drafter {s.draft_model} on standby: no block paid for itself)"
+    else:
+        mode = f"speculative (drafter {s.draft_model})"
+    return mode + (f" [fallback: {s.fallback_reason}]" if s.fallback_reason else "")
+
+
 def stats_line(s: gateway_pb2.GenerateStats) -> str:
-    mode = f"speculative (drafter {s.draft_model})" if s.speculative else "target only"
-    if s.fallback_reason:
-        mode += f" [fallback: {s.fallback_reason}]"
+    drafted = (f"accepted {s.accepted}/{s.proposed} (rate {s.acceptance_rate:.2f}), " if s.proposed else "")
     return (f"{s.new_tokens} tokens in {s.total_ms / 1e3:.2f}s ({s.tokens_per_second:.1f} tok/s), TTFT "
-            f"{s.ttft_ms:.0f} ms, {s.rounds} rounds, accepted {s.accepted}/{s.proposed} "
-            f"(rate {s.acceptance_rate:.2f}), mean acceptance length {s.mean_acceptance_length:.2f} — {mode}")
+            f"{s.ttft_ms:.0f} ms, {s.rounds} rounds, {drafted}mean acceptance length "
+            f"{s.mean_acceptance_length:.2f} — {decoding_mode(s)}")
 
 
 def round_table(s: gateway_pb2.GenerateStats) -> str:

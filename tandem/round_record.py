@@ -78,14 +78,15 @@ def round_table(rounds, prefill_ms: float = 0.0) -> str:
     line = (lambda cells: " ".join(f"{c:>{f.metadata['width']}}" for f, c in zip(columns, cells)))
     out = [line([f.metadata["header"] for f in columns]),
            line(["0" if f.name == "index" else "prefill" if f.name == "accepted" else
-                 format(prefill_ms, ".1f") if f.name == "verify_ms" else "" for f in columns])]
+                 format(prefill_ms, ".1f") if f.name in ("verify_ms", "round_ms") else "" for f in columns])]
     rounds = list(rounds)
     for rnd in rounds:
         out.append(line([_cell(rnd, f.name, f.metadata["fmt"]) for f in columns]))
     totals = {name: sum(getattr(r, name) for r in rounds) for name in
               ("proposed", "accepted", "emitted", "lookup_tokens", "draft_ms", "verify_ms", "overhead_ms",
                "round_ms")}
-    totals["verify_ms"] += prefill_ms
+    totals["verify_ms"] += prefill_ms           # the prefill row counts in both columns' totals
+    totals["round_ms"] += prefill_ms
     out.append(line(["total" if f.name == "index" else
                      format(totals[f.name], f.metadata["fmt"]) if f.name in totals else "" for f in columns]))
     return "\n".join(out)

@@ -59,9 +59,14 @@ def adapt(code: str, ports: dict[str, str], gpu: bool) -> str:
 
 
 def make_machine(root: Path, name: str) -> Path:
-    """``root/name/tandem``: the machine's checkout, with a ``.venv/bin/tandem`` running this one."""
+    """``root/name/tandem``: the machine's checkout, with a ``.venv/bin/tandem`` running this one, and the tracked
+    files of ``deploy/`` a fresh clone has (the certificates' folder among them)."""
     checkout = root / name / "tandem"
     (checkout / ".venv" / "bin").mkdir(parents=True)
+    tracked = subprocess.run(["git", "ls-files", "deploy"], cwd=REPO, capture_output=True, text=True, check=True)
+    for rel in tracked.stdout.split():
+        (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, checkout / rel)
     shim = checkout / ".venv" / "bin" / "tandem"
     shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tandem.cli "$@"\n')
     shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
@@ -69,10 +74,11 @@ def make_machine(root: Path, name: str) -> Path:
 
 
 SCP_SHIM = """#!/bin/sh
-# scp FILE... HOST:PATH -> copies into the drafter machine's home folder (the test's stand-in)
+# scp FILE... HOST:PATH -> copies into the drafter machine's home folder (the test's stand-in); like scp, it
+# makes no folder: a destination folder missing on the drafter machine fails
 for last; do :; done
 dest="$DRAFTER_HOME/${last#*:}"
-mkdir -p "$dest"
+[ -d "$dest" ] || { echo "scp: $dest: No such file or directory" >&2; exit 1; }
 while [ $# -gt 1 ]; do cp "$1" "$dest"; shift; done
 """
 
@@ -122,7 +128,8 @@ def test_two_machine_recipe_as_written(tiny_target_dir, tiny_drafter_onnx, tmp_p
         assert "tokens in" in client
         # what the recipe promised: the CA key stayed on the GPU machine, the drafter got only its own files
         certs = machines["drafter-box"] / "deploy" / "certs"
-        assert sorted(p.name for p in certs.iterdir()) == ["ca.pem", "drafter-box.key", "drafter-box.pem", "token"]
+        assert sorted(p.name for p in certs.iterdir()) == ["README.md", "ca.pem", "drafter-box.key", "drafter-box.pem",
+                                                           "token"]
     finally:
         for shell in shells:                                       # the services the blocks left running
             with contextlib.suppress(ProcessLookupError):
