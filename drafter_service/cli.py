@@ -41,17 +41,20 @@ def configure(p) -> None:
 
 async def run(args) -> int:
     from drafter_service.factory import load_drafter
+    from tandem import phases as loading
     from drafter_service.server import start_drafter
     from tandem import telemetry
     from tandem.defaults import resolve_drafter
     from tandem.serving import serve_until_stopped
 
+    loading.enter("loading the drafter")
     drafter = load_drafter(resolve_drafter(args.drafter), threads=args.threads, support_size=args.support_size,
                            session_ttl_s=args.session_ttl, max_sessions=args.max_sessions,
                            prefill_chunk=args.prefill_chunk, lookup_max_ngram=args.lookup_ngram,
                            lookup_min_ngram=args.lookup_min_ngram, lookup_trust_ngram=args.lookup_trust_ngram,
                            lookup_check_confidence=args.lookup_check_confidence, suffix=args.suffix == "on",
                            suffix_scope=args.suffix_scope, suffix_memory_tokens=args.suffix_memory_tokens)
+    loading.enter("warming")
     warm(drafter)                                       # before tracing: the warm-up is nobody's trace
     tracing = telemetry.setup("tandem-drafter")
     service = await start_drafter(drafter, args.host, args.port, interceptors=tracing.server_interceptors())

@@ -115,6 +115,16 @@ def probe(address: str, timeout: float = 3.0) -> str:
     return TLS if len(first) >= 2 and first[0] in (21, 22) and first[1] == 3 else PLAINTEXT
 
 
+def _starting(address: str) -> str | None:
+    """What a `tandem up` on this machine that will serve the gateway at ``address`` is still doing, if one is."""
+    host, _, port = address.rpartition(":")
+    if host.strip("[]") not in ("127.0.0.1", "localhost", "::1", "0.0.0.0") or not port.isdigit():
+        return None
+    from tandem.up import starting_run
+
+    return starting_run(int(port))
+
+
 def _how_to_start(what: str) -> str:
     if what == "gateway":
         return "`tandem up` (or `tandem serve-gateway`)"
@@ -143,6 +153,10 @@ def explain(what: str, address: str, code: grpc.StatusCode | None, details: str 
     if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return None
     found = probe(address, timeout)
+    if found == REFUSED and what == "gateway":
+        starting = _starting(address)
+        if starting:
+            return f"cannot reach the gateway at {address} yet: {starting}; wait for its 'up:' line"
     if found in (REFUSED, UNKNOWN_HOST, NO_ANSWER, UNREACHABLE):
         hint = {REFUSED: f"is {_how_to_start(what)} running on that port?",
                 UNKNOWN_HOST: "check the host name, or give its IP address",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import json
 import os
 import re
 import shutil
@@ -180,6 +181,28 @@ def _last_write(folder: Path) -> float:
     return max(times)
 
 
+STATE_FILE = "starting.json"    # in the log folder while the children load: what `tandem generate` reports
+PHASE = re.compile(r"\[tandem\] phase: (.+)")     # what a loading service prints as it enters each phase
+
+
+def write_starting(log_dir: Path, gateway_port: int, what: str) -> None:
+    """Records that this run is still starting (``what``: who loads, in which phase, for how long)."""
+    with contextlib.suppress(OSError):
+        (log_dir / STATE_FILE).write_text(json.dumps({"gateway_port": gateway_port, "what": what, "pid": os.getpid()}))
+
+
+def starting_run(gateway_port: int, root: str | Path | None = None) -> str | None:
+    """What a `tandem up` of this user that serves ``gateway_port`` and is still starting is doing (None: none
+    is): `tandem generate` says so instead of asking whether `tandem up` runs."""
+    root = Path(root or tempfile.gettempdir())
+    for folder in root.glob(LOG_PREFIX + "*"):
+        with contextlib.suppress(OSError, ValueError):
+            state = json.loads((folder / STATE_FILE).read_text())
+            if state.get("gateway_port") == gateway_port and _alive(int(state["pid"])):
+                return f"tandem up (pid {state['pid']}) is still starting: {state['what']}"
+    return None
+
+
 def clean_log_dirs(root: str | Path | None = None, keep: int = KEEP_LOG_DIRS, max_age_s: float = LOG_DIR_MAX_AGE_S,
                    now: float | None = None) -> list[Path]:
     """Removes this user's old ``tandem-up-*`` folders in ``root`` (the temporary directory): of those no run
@@ -247,6 +270,7 @@ class Cluster:
     children: dict[str, Child] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     stopping: bool = False
+    gateway_port: int = 0           # the port the gateway will serve (recorded while the children start)
 
     @property
     def procs(self) -> dict[str, subprocess.Popen]:
@@ -254,6 +278,18 @@ class Cluster:
 
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
+
+    def _loading(self, name: str) -> str:
+        """The child's label and the loading phase its log names last (``[tandem] phase: ...``)."""
+        phase = None
+        with contextlib.suppress(OSError):
+            with open(self.log_path(name), "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
+                for line in f.read().decode(errors="replace").splitlines():
+                    m = PHASE.search(line)
+                    phase = m.group(1).strip() if m else phase
+        label = self.children[name].label
+        return f"{label} ({phase})" if phase else label
 
     def _port_file(self, name: str) -> Path:
         return self.log_dir / f"{name}.port"
@@ -331,7 +367,9 @@ class Cluster:
                 raise TimeoutError(f"{', '.join(pending)} not up within --startup-timeout; log of {pending[0]}:\n"
                                    f"{self.tail(pending[0])}")
             if now >= next_note:
-                note(f"loading {', '.join(self.children[n].label for n in pending)} ... {now - t0:.0f} s")
+                what = f"loading {', '.join(self._loading(n) for n in pending)} ... {now - t0:.0f} s"
+                note(what)
+                write_starting(self.log_dir, self.gateway_port, what)
                 next_note += progress_every
             time.sleep(0.2)
 
@@ -480,7 +518,8 @@ def start_cluster(args) -> Cluster:
         removed = clean_log_dirs()
         log_dir = Path(tempfile.mkdtemp(prefix=LOG_PREFIX))
     (log_dir / "up.pid").write_text(str(os.getpid()))
-    cluster = Cluster(log_dir)
+    cluster = Cluster(log_dir, gateway_port=args.gateway_port)
+    write_starting(log_dir, args.gateway_port, "starting the services")
     deadline = time.monotonic() + args.startup_timeout
     note(f"logs: {log_dir}/{{verifier,drafter,gateway}}.log"
          + (f" (removed {len(removed)} old {LOG_PREFIX}* log folder{'s' * (len(removed) != 1)})" if removed else ""))
@@ -516,6 +555,9 @@ def start_cluster(args) -> Cluster:
     except BaseException:
         cluster.stop()
         raise
+    finally:
+        with contextlib.suppress(OSError):
+            (log_dir / STATE_FILE).unlink()
     note(f"up: gateway {DEFAULT_HOST}:{gateway}  verifier {DEFAULT_HOST}:{verifier}  "
          + (f"drafter {DEFAULT_HOST}:{drafter}" if drafter else "no drafter (--lookup-only)"))
     return cluster

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from tandem import telemetry
+from tandem import phases as loading, telemetry
 from tandem.draft_checks import check_draft, check_ids
 from tandem.models import model_device
 from tandem.sessions import SessionStore, check_session_id
@@ -129,6 +129,7 @@ class Target:
         self.widths = tuple(sorted({int(w) for w in (widths or DEFAULT_WIDTHS)}))
         exact_rows = rowwise_attention is not False
         t_setup = time.perf_counter()
+        loading.enter("packing")
         if self.gguf is not None:
             if decoder == "transformers":
                 raise ValueError("decoder='transformers' needs a transformers model (Target.load does it)")
@@ -191,6 +192,7 @@ class Target:
         self.phases["packing"] = self.setup_s
         t_warm = time.perf_counter()
         if warmup:
+            loading.enter("measuring widths")
             self.warmup()
         self.warmup_s = time.perf_counter() - t_warm
         if warmup:
@@ -280,6 +282,7 @@ class Target:
         reason = ""
         if loc.gguf_file:
             t0 = time.perf_counter()
+            loading.enter("reading the file")
             gguf = GgufModel(loc.directory / loc.gguf_file)
             read_s = time.perf_counter() - t0
             device_name = resolve_device(device)
@@ -292,6 +295,7 @@ class Target:
             if not reason:
                 print(f"[tandem] loading {loc.name} from {gguf.path} (GGUF fast path) ...", file=sys.stderr, flush=True)
                 t0 = time.perf_counter()
+                loading.enter("tokenizer")
                 gguf.tokenizer_info()                     # converted once per file, then read from the cache
                 phases = {"reading the file": read_s, "tokenizer": time.perf_counter() - t0}
                 return cls(gguf, None, loc.name, phases=phases, **kw)
