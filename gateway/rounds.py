@@ -78,16 +78,17 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
         t0 = time.perf_counter()
         # the first round's room to draft: the drafter reads the prompt during the prefill if it will draft
         first_budget = min(req.k, req.max_tokens - 2, req.max_context - len(sequence) - 2)
-        if policy is None or policy.expects_drafting:
-            await proposer.start(sequence, first_budget)
         with telemetry.span("prefill", {"tandem.prompt_tokens": len(req.prompt_ids)}, req.trace_context):
+            if policy is None or policy.expects_drafting:
+                await proposer.start(sequence, first_budget)
             first, prefill_ms = await verifier.start(req.session_id, req.prompt_ids, req.sampling, req.verifier_token,
                                                      req.k)
         sequence.append(first)
         remaining -= 1
-        yield Round.measured(index=0, tokens=(first,), origins=("target",), emitted=1, draft_ms=0.0, verify_ms=prefill_ms,
-                             round_ms=(time.perf_counter() - t0) * 1e3)
+        yield Round.measured(index=0, tokens=(first,), origins=("target",), emitted=1, draft_ms=0.0,
+                             verify_ms=prefill_ms, round_ms=(time.perf_counter() - t0) * 1e3)
         done = first in req.eos_token_ids or remaining <= 0
+        ended = time.perf_counter()         # when the last round was handed on (the consumer streams it)
 
         index = 0
         while not done:
@@ -96,6 +97,7 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
             # (context carried in gRPC metadata by the OTel interceptors) become its children.
             with telemetry.span("round", None, req.trace_context) as span:
                 t0 = time.perf_counter()
+                stream_ms = (t0 - ended) * 1e3
                 # A round emits at most k+1 tokens: never draft past max_tokens or the context.
                 budget = (min(req.k, remaining - 1, req.max_context - len(sequence) - 1)
                           if proposer.drafter is not None or req.lookup_only else 0)
@@ -111,7 +113,9 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
                                              remaining=remaining, ready=proposer.ready(sequence))
                 k = decision.k if decision is not None else budget
                 step = await proposer.propose(sequence, k, looked if local else ())
+                tv = time.perf_counter()
                 outcome = await verifier.verify(req.session_id, step.proposal.tokens, req.verifier_token)
+                verify_wall_ms = (time.perf_counter() - tv) * 1e3
                 round_ms = (time.perf_counter() - t0) * 1e3
                 if policy is not None and not step.fallback:   # a failed drafter call says nothing about costs
                     policy.observe(_figures(step, outcome, round_ms))
@@ -120,12 +124,16 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
                 sequence.extend(kept)
                 remaining -= len(kept)
                 done = len(kept) < outcome.accepted + 1 or kept[-1] in req.eos_token_ids or remaining <= 0
-                rnd = _record(index, k, step, outcome, kept, round_ms, decision)
+                rnd = _record(index, k, step, outcome, kept, round_ms, decision,
+                              wire_ms=max(0.0, verify_wall_ms - outcome.compute_ms),
+                              gateway_ms=max(0.0, round_ms - verify_wall_ms - (step.wait_ms or 0.0)),
+                              stream_ms=stream_ms)
                 if span.is_recording():
                     span.set_attributes(round_attributes(rnd))
             if not done:
                 await proposer.advance(sequence, k if step.proposal.tokens and step.source != "copy" else 0)
             yield rnd
+            ended = time.perf_counter()
     finally:
         await proposer.close()
 
@@ -147,7 +155,7 @@ def _timed(step: ProposalStep):
 
 
 def _record(index: int, k: int, step: ProposalStep, outcome: VerifyOutcome, kept: list[int], round_ms: float,
-            decision) -> Round:
+            decision, **timing: float) -> Round:
     proposal = _timed(step)
     draft_ids = proposal.token_ids
     return Round.measured(
@@ -159,7 +167,7 @@ def _record(index: int, k: int, step: ProposalStep, outcome: VerifyOutcome, kept
         draft_ms=proposal.compute_ms, verify_ms=outcome.compute_ms, round_ms=round_ms,
         fallback_reason=step.fallback, k_reason=decision.reason if decision is not None else "",
         expected_tokens=_finite(decision.expected_tokens) if decision is not None else 0.0,
-        expected_tokens_per_ms=_finite(decision.tokens_per_ms) if decision is not None else 0.0)
+        expected_tokens_per_ms=_finite(decision.tokens_per_ms) if decision is not None else 0.0, **timing)
 
 
 def _finite(x: float) -> float:

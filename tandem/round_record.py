@@ -33,6 +33,9 @@ class Round:
     draft_ms: float = figure(0.0, "draft ms", 9, ".1f")    # drafter's own compute
     verify_ms: float = figure(0.0, "verify ms", 9, ".1f")  # verifier's own compute (target forward + acceptance)
     overhead_ms: float = figure(0.0, "network ms", 10, ".1f")  # round wall time minus both servers' compute
+    wire_ms: float = figure(0.0, "wire ms", 7, ".2f")      # the Verify call's wall time minus the verifier's compute
+    gateway_ms: float = figure(0.0, "gw ms", 6, ".2f")     # the gateway's own work in the round (choice, proposal)
+    stream_ms: float = figure(0.0, "stream ms", 9, ".2f")  # from the previous round's end: detokenize and send
     round_ms: float = figure(0.0, "round ms", 9, ".1f")    # wall time of the round as seen by the gateway
     k_reason: str = figure("", "why k", 10)            # the draft-length choice: best, probe, pinned, ...
     source: str = figure("", "block", 7)               # where the block came from: copy, ahead, wait, propose
@@ -84,7 +87,7 @@ def round_table(rounds, prefill_ms: float = 0.0) -> str:
         out.append(line([_cell(rnd, f.name, f.metadata["fmt"]) for f in columns]))
     totals = {name: sum(getattr(r, name) for r in rounds) for name in
               ("proposed", "accepted", "emitted", "lookup_tokens", "draft_ms", "verify_ms", "overhead_ms",
-               "round_ms")}
+               "wire_ms", "gateway_ms", "stream_ms", "round_ms")}
     totals["verify_ms"] += prefill_ms           # the prefill row counts in both columns' totals
     totals["round_ms"] += prefill_ms
     out.append(line(["total" if f.name == "index" else

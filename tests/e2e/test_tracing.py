@@ -100,27 +100,30 @@ def test_server_spans_nest_under_round_spans_and_add_up_to_the_stats(traced):
     (prefill,) = names[("tandem-gateway", "prefill")]
     assert prefill["parent_id"] == request["span_id"]
 
-    # The drafter's and the verifier's server spans have a round span as ancestor, one per round each.
+    # The verifier's server spans have a round span as ancestor, one per round. The drafter drafts ahead on one
+    # DraftAhead stream per request (its server span under the request), one "draft" span per chunk it drafted;
+    # a block prompt lookup supplies whole is copied by the gateway (draft_ms 0, every token a lookup token).
     round_ids = {r["span_id"] for r in rounds}
-    propose = [s for s in spans if s["kind"] == SERVER and s["name"].endswith("Drafter/Propose")]
     verify = [s for s in spans if s["kind"] == SERVER and s["name"].endswith("Verifier/Verify")]
-    assert {s["service"] for s in propose} == {"tandem-drafter"}
-    assert {s["service"] for s in verify} == {"tandem-verifier"}
-    # the last round may have no room to draft; a block prompt lookup supplies whole is copied by the gateway
-    # (no Propose call: draft_ms 0, every token a lookup token)
-    drafted = sum(1 for r in st.round_stats if r.proposed and r.draft_ms > 0)
-    copied = [r for r in st.round_stats if r.proposed and r.draft_ms == 0]
-    assert all(r.lookup_tokens == r.proposed for r in copied)
-    assert len(verify) == st.rounds and len(propose) == drafted > 0
-    for s in propose + verify:
+    assert {s["service"] for s in verify} == {"tandem-verifier"} and len(verify) == st.rounds
+    for s in verify:
         assert round_ids & {a["span_id"] for a in ancestors(s)}, s["name"]
+    for span, rs in zip(rounds, st.round_stats):
+        assert span["attributes"]["tandem.round.source"] == rs.source
+    copied = [r for r in st.round_stats if r.source == "copy"]
+    assert all(r.lookup_tokens == r.proposed and r.draft_ms == 0 for r in copied)
+    from_drafter = sum(r.proposed for r in st.round_stats if r.source in ("ahead", "wait"))
+    assert from_drafter > 0
+    (ahead,) = [s for s in spans if s["kind"] == SERVER and s["name"].endswith("Drafter/DraftAhead")]
+    assert ahead["service"] == "tandem-drafter" and prefill in list(ancestors(ahead))   # it reads the prompt then
     (start,) = [s for s in spans if s["kind"] == SERVER and s["name"].endswith("Verifier/StartSession")]
     assert prefill in list(ancestors(start))
 
     # Each server's own compute spans sit under its server span.
     server_of = lambda s: by_id[s["parent_id"]]["name"]  # noqa: E731
     drafts = names[("tandem-drafter", "draft")]
-    assert len(drafts) == drafted and all(server_of(s).endswith("Drafter/Propose") for s in drafts)
+    assert drafts and all(server_of(s).endswith("Drafter/DraftAhead") for s in drafts)
+    assert sum(s["attributes"]["tandem.k"] for s in drafts) >= from_drafter
     forwards = names[("tandem-verifier", "target.forward")]
     assert len(forwards) == st.rounds + 1          # the prefill's and one per round
     assert all(server_of(s).endswith(("Verifier/Verify", "Verifier/StartSession")) for s in forwards)
