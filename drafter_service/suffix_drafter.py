@@ -63,7 +63,7 @@ class SuffixState(DraftState):
         super().__init__()
         self.index, self.inner = index, inner
         self.seq = index.open()
-        self.synced: list[int] = []     # the context the sequence holds (the list object the base replaces)
+        self.synced: list[int] = []     # a copy of the context the sequence holds
         weakref.finalize(self, index.release, self.seq)
 
     def generator(self, seed):
