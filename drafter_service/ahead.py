@@ -111,10 +111,12 @@ class AheadPath:
                 return None
             n = min(n, FIRST_CHUNK if not self.path else CHUNK)
             path_id = self.path_id
+            real = len(self.context)
             full = self.context + [t.token_id for t in self.path]
         t0 = time.perf_counter()
         prefix = _common_prefix(self._seen, full)
-        proposal = self.drafter.propose(self.session_id, prefix, full[prefix:], n, self.sampling, 0.0, self.token)
+        proposal = self.drafter.propose(self.session_id, prefix, full[prefix:], n, self.sampling, 0.0, self.token,
+                                        committed=real)
         self._seen = full
         ms = (time.perf_counter() - t0) * 1e3
         with self._lock:
@@ -126,3 +128,11 @@ class AheadPath:
             tokens = tuple(proposal.tokens[:n])
             self.path.extend(tokens)
             return Chunk(path_id, len(full), tokens, ms)
+
+    def finish(self) -> None:
+        """The stream ends: the drafter follows the real context to its end (what was emitted after the last
+        block), so a drafter that learns from text (suffix drafting) learns all of the session's."""
+        with self._lock:
+            context = list(self.context)
+        if context and self._seen:                  # the session exists on the drafter (it drafted for it)
+            self.drafter.follow(self.session_id, context, self.token)

@@ -84,11 +84,12 @@ class DraftState:
     """A session's state: the context it last saw and its sampling generator. ``lock`` serialises
     proposals on one session. Kinds subclass it to add their caches (and ``nbytes``)."""
 
-    __slots__ = ("lock", "context", "rng", "rng_seed")
+    __slots__ = ("lock", "context", "committed", "rng", "rng_seed")
 
     def __init__(self):
         self.lock = threading.Lock()
         self.context: list[int] = []
+        self.committed = 0          # context tokens that are real text (the rest: the drafter's own path ahead)
         self.rng: np.random.Generator | None = None
         self.rng_seed: object = None
 
@@ -142,8 +143,10 @@ class ContextDrafter(Drafter):
 
     def propose(self, session_id: str, prefix_length: int, appended_tokens: Sequence[int], k: int,
                 sampling: SamplingParams | None = None, min_confidence: float = 0.0,
-                token: str | None = None) -> Proposal:
+                token: str | None = None, committed: int | None = None) -> Proposal:
         """Syncs the session to (first ``prefix_length`` known tokens + ``appended_tokens``), drafts k tokens.
+        ``committed``: how many context tokens are real text, the rest being the drafter's own tokens drafted
+        ahead (``drafter_service.ahead``); None: all of them (kinds that learn from text learn only those).
 
         ``min_confidence`` > 0 ends the block early (an adaptive draft length): before a model draft
         token whose position's top probability is below it. At least one token is proposed; a block that
@@ -191,6 +194,7 @@ class ContextDrafter(Drafter):
             if not context:
                 raise InvalidInput("empty context: a new session needs at least one token")
             session.context = context
+            session.committed = len(context) if committed is None else min(len(context), max(0, int(committed)))
             max_ctx = self.info.max_context
             if max_ctx:     # feeding context + k-1 drafts must stay within max_context positions
                 k = min(k, max_ctx - len(context) + 1)
@@ -203,3 +207,20 @@ class ContextDrafter(Drafter):
                     tokens = self.draft_block(session, context, k, sampling, min_confidence)
         self.sessions.touch(session_id)
         return Proposal(tokens=tuple(tokens), compute_ms=(time.perf_counter() - t0) * 1000.0)
+
+    def follow(self, session_id: str, context: Sequence[int], token: str | None = None) -> None:
+        """The session's real context is now ``context``, drafting nothing (the end of a drafting-ahead stream:
+        the tokens emitted since the last block), so kinds that learn from text (``context_followed``) see all
+        of it. Unknown sessions are ignored."""
+        session = self.sessions.get(session_id, token)
+        if session is None:
+            return
+        context = [int(t) for t in context]
+        check_ids(context, self.info.vocab_size or 2**31 - 1, "context")
+        with session.lock:
+            session.context = context[:self.info.max_context or MAX_CONTEXT_TOKENS]
+            session.committed = len(session.context)
+            self.context_followed(session)
+
+    def context_followed(self, state: DraftState) -> None:
+        """Called by ``follow`` with the session's state: kinds that learn from text index it here."""

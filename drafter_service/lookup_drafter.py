@@ -60,6 +60,9 @@ class LookupDrafter(ContextDrafter):
     def drop_cache(self, state: DraftState) -> None:
         self.inner.drop_cache(state)
 
+    def context_followed(self, state: DraftState) -> None:
+        self.inner.context_followed(state)
+
     def check_tokens(self, state, context, tokens, decide) -> int:
         return self.inner.check_tokens(state, context, tokens, decide)
 

@@ -74,4 +74,6 @@ class DrafterServicer(drafter_grpc.DrafterServicer):
             if waiter is not None:
                 waiter.cancel()
             with contextlib.suppress(Exception):
+                await asyncio.to_thread(path.finish)
+            with contextlib.suppress(Exception):
                 self.drafter.end_session(first.session_id, first.session_token)

@@ -116,6 +116,11 @@ class SuffixDrafter(ContextDrafter):
         inner = self.inner.new_state() if self.inner is not None else None
         return SuffixState(self.index if self.index is not None else SuffixIndex(None), inner)
 
+    def context_followed(self, state: SuffixState) -> None:
+        _sync(state)
+        if self.inner is not None:
+            self.inner.context_followed(state.inner)
+
     def drop_cache(self, state: SuffixState) -> None:
         if self.inner is not None:
             self.inner.drop_cache(state.inner)
@@ -136,10 +141,10 @@ class SuffixDrafter(ContextDrafter):
 
 
 def _sync(state: SuffixState) -> None:
-    """Makes the session's sequence hold its context (the prompt, then accepted tokens): the new tokens are
-    appended; where the context left what was indexed (a client that went back), the sequence is cut to
-    the common part first."""
-    context, seen = state.context, state.synced
+    """Makes the session's sequence hold its real context (the prompt, then accepted tokens; never the tokens
+    the drafter drafted ahead beyond it): the new tokens are appended; where the context left what was indexed
+    (a client that went back), the sequence is cut to the common part first."""
+    context, seen = state.context[:state.committed], state.synced
     done = len(seen)
     if context[:done] != seen:
         done = 0

@@ -179,6 +179,10 @@ class DrafterClient:
 
 
 class AheadUnsupported(DrafterUnavailable):
+CLOSE_WAIT_S = 5.0                  # a closed DraftAhead stream's time to finish before it is cancelled
+_CLOSING: set[asyncio.Future] = set()   # streams finishing in the background (referenced until done)
+
+
     """The drafter does not serve DraftAhead (an older drafter): the gateway asks it with Propose instead."""
 
 
@@ -243,10 +247,25 @@ class AheadStream:
                 pass
 
     async def close(self) -> None:
-        """Ends the stream (and so the drafter's session)."""
-        if not self._reader.done():
+        """Ends the stream (and so the drafter's session) without waiting for the drafter: the stream is
+        half-closed at once, and it is given ``CLOSE_WAIT_S`` in the background to finish (the drafter reads
+        the last sync first), then cancelled."""
+        if self._reader.done():
+            return
+        try:
+            await self._call.done_writing()
+        except Exception:                             # noqa: BLE001 - already broken: the reader knows why
             self._call.cancel()
-        await asyncio.gather(self._reader, return_exceptions=True)
+            return
+        task = asyncio.ensure_future(self._drain())
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
+
+    async def _drain(self) -> None:
+        done, _ = await asyncio.wait([self._reader], timeout=CLOSE_WAIT_S)
+        if not done:
+            self._call.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
 
     def _raise(self) -> None:
         if self._error is not None:

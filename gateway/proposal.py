@@ -18,6 +18,7 @@ decoding with the target alone.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -96,14 +97,15 @@ class Proposer:
         """Context tokens the drafter has not read: it reads them before it drafts."""
         return len(sequence) - self._seen
 
-    def ready(self, sequence: Sequence[int]) -> int:
-        """Drafted-ahead tokens a block could propose after ``sequence`` without waiting."""
+    def ready(self, sequence: Sequence[int]) -> tuple[bool, ...]:
+        """The drafted-ahead tokens a block could propose after ``sequence`` without waiting: each one's copy
+        flag (a point mass copied from text, or a model token)."""
         if self._stream is None:
-            return 0
+            return ()
         try:
-            return len(self._stream.usable(sequence))
+            return tuple(t.from_lookup for t in self._stream.usable(sequence))
         except DrafterUnavailable:
-            return 0                # the next propose reports it
+            return ()               # the next propose reports it
 
     # ---- the block ---------------------------------------------------------------------------------
     async def propose(self, sequence: list[int], k: int, copy: Sequence[int] = ()) -> ProposalStep:
@@ -174,11 +176,16 @@ class Proposer:
         if next_k > 0:
             self._seen = len(sequence)
 
-    async def close(self) -> None:
-        """Ends the stream, if one is open (and with it the drafter's session)."""
+    async def close(self, sequence: Sequence[int] = ()) -> None:
+        """Ends the stream, if one is open (and with it the drafter's session), after telling it the request's
+        whole ``sequence`` (a drafter that learns from text learns all of it)."""
         stream, self._stream = self._stream, None
-        if stream is not None:
-            await stream.close()
+        if stream is None:
+            return
+        if sequence:
+            with contextlib.suppress(DrafterUnavailable):
+                await stream.sync(sequence, 0)
+        await stream.close()
 
 
 def _depth(k: int) -> int:

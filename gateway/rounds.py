@@ -135,7 +135,7 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
             yield rnd
             ended = time.perf_counter()
     finally:
-        await proposer.close()
+        await proposer.close(sequence)
 
 
 def _figures(step: ProposalStep, outcome: VerifyOutcome, round_ms: float) -> RoundFigures:

@@ -66,6 +66,7 @@ class LocalAhead:
         return self.copy.usable(sequence)
 
     async def close(self):
+        self.path.finish()
         self.path.drafter.end_session(self.path.session_id)
 
 

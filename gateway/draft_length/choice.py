@@ -17,10 +17,10 @@ by an ``lookup_ngram``-token match):
 - with ``local_lookup`` a block of k <= lookup_available is copied by the gateway itself, with
   certainty and without a drafter call (``CostModel.copied_round_curve``).
 
-Tokens the drafter drafted ahead of this round, from the real context (``ready``, gateway.proposal), are
-already at the gateway: a block of k <= ready costs what a copied block costs (verify + the plain overhead,
-no drafter time, no round trip to the drafter), with the model tokens' acceptance; a longer one pays the
-drafter's time for its other k - ready tokens only.
+Tokens the drafter drafted ahead of this round, from the real context (``ready``: each one's copy flag,
+gateway.proposal), are already at the gateway: a block of k <= len(ready) costs what a copied block costs
+(verify + the plain overhead, no drafter time, no round trip to the drafter), each token with the acceptance
+of its kind (a copy's, or the model position's); a longer one pays the drafter's time for its other tokens.
 
 A block that calls a drafter which is behind pays the catch-up (``CostModel.catch_up_ms``) in
 proportion to the share of the request's ``remaining`` tokens it is expected to bring, since the
@@ -77,7 +77,7 @@ class Decision:
 
 def candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[int], lookup_available: int,
                lookup_ngram: int = 0, local_lookup: bool = False, catch_up_ms: float = 0.0,
-               remaining: int = 0, ready: int = 0) -> tuple[Candidate, ...]:
+               remaining: int = 0, ready: Sequence[bool] = ()) -> tuple[Candidate, ...]:
     """The expected tokens and ms of a block of each k in ``ks`` (the module docstring's rule)."""
     lookup = max(0, int(lookup_available))
     top = max(ks, default=0)
@@ -89,17 +89,18 @@ def candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[in
     drafted = cost.round_curve(top)
     with_copies = cost.round_curve(top, lookup) if lookup and y > 0 else drafted
     copied_ms = cost.copied_round_curve(top) if (local_lookup and lookup) or ready else None
+    held = _ready_prefixes(acceptance, ready) if ready else None
     out = []
     for k in ks:
         n_lookup = min(lookup, k)
         tokens, ms = model[k], drafted[k]
         if local_lookup and 0 < k <= lookup:        # the gateway copies the block itself
             tokens, ms = copies[k], copied_ms[k]
-        elif 0 < k <= ready:                        # drafted ahead: already here
-            ms = copied_ms[k]
+        elif 0 < k <= len(ready):                   # drafted ahead: already here
+            tokens, ms = held[k], copied_ms[k]
         else:
             if k and ready:                         # the tokens drafted ahead cost nothing more
-                ms -= ready * cost.draft_ms_per_token
+                ms -= len(ready) * cost.draft_ms_per_token
             if n_lookup and y > 0:
                 # E[copies then model tokens] = E[copies] + P(all n copies accepted) * (E[model tokens] - 1)
                 tokens = y * (copies[n_lookup] + a_lookup ** n_lookup * (model[k - n_lookup] - 1.0)) + (1 - y) * tokens
@@ -111,9 +112,17 @@ def candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[in
     return tuple(out)
 
 
+def _ready_prefixes(acceptance: AcceptanceEstimator, ready: Sequence[bool]) -> list[float]:
+    """Expected tokens of blocks of the first 0..len(ready) tokens drafted ahead: copies (True) at the copies'
+    acceptance, the others at their model positions'."""
+    models = iter(acceptance.model_acceptances(sum(1 for copy in ready if not copy)))
+    copy = acceptance.lookup_acceptance()
+    return expected_prefixes([copy if is_copy else next(models) for is_copy in ready])
+
+
 def choose_k(cost: CostModel, acceptance: AcceptanceEstimator, budget: int, lookup_available: int = 0,
              lookup_ngram: int = 0, local_lookup: bool = False, catch_up_ms: float = 0.0,
-             remaining: int = 0, ready: int = 0) -> Decision:
+             remaining: int = 0, ready: Sequence[bool] = ()) -> Decision:
     """The k in 0..budget with the most expected tokens per ms (ties: the smaller k); the module docstring
     says what ``lookup_available``, ``lookup_ngram``, ``local_lookup``, ``catch_up_ms``, ``remaining`` and
     ``ready`` change."""

@@ -22,6 +22,7 @@ fed to the cost model and the acceptance estimator; a round without a block rela
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Protocol
 
 from gateway.draft_length.acceptance import AcceptanceEstimator
@@ -35,13 +36,14 @@ class DraftLengthPolicy(Protocol):
     """What the round loop (``gateway.rounds``) asks of a draft-length policy."""
 
     def next_k(self, budget: int, lookup_available: int = 0, lookup_ngram: int = 0, local_lookup: bool = False,
-               behind: int = 0, remaining: int = 0, ready: int = 0) -> Decision:
+               behind: int = 0, remaining: int = 0, ready: Sequence[bool] = ()) -> Decision:
         """The next round's k, at most ``budget`` (the request's k cut to its tokens and context left).
         ``lookup_available``: tokens prompt lookup copies at the block's head this round, found by an
         ``lookup_ngram``-token match; ``local_lookup``: a block of at most that many is copied by the
         gateway itself, without a drafter call. ``behind``: context tokens the drafter has not seen (it
-        reads them before drafting); ``remaining``: tokens the request may still emit; ``ready``: tokens the
-        drafter drafted ahead of this round from the real context, already at the gateway."""
+        reads them before drafting); ``remaining``: tokens the request may still emit; ``ready``: the tokens the
+        drafter drafted ahead of this round from the real context, already at the gateway (each one's copy
+        flag: a point mass copied from text, or a model token)."""
 
     @property
     def expects_drafting(self) -> bool:
@@ -98,7 +100,7 @@ class PinnedDraftLength(_Learning):
         self.k = int(k)
 
     def next_k(self, budget: int, lookup_available: int = 0, lookup_ngram: int = 0, local_lookup: bool = False,
-               behind: int = 0, remaining: int = 0, ready: int = 0) -> Decision:
+               behind: int = 0, remaining: int = 0, ready: Sequence[bool] = ()) -> Decision:
         budget, catch_up = self._begin(budget, lookup_available, lookup_ngram, behind)
         k = min(self.k, budget)
         c, = candidates(self.cost, self.acceptance, (k,), self._lookup_predicted, self._lookup_ngram, local_lookup,
@@ -159,13 +161,13 @@ class AutoDraftLength(_Learning):
         self._held = _HeldPlainChoice(plain_hold_max, relax)
 
     def next_k(self, budget: int, lookup_available: int = 0, lookup_ngram: int = 0, local_lookup: bool = False,
-               behind: int = 0, remaining: int = 0, ready: int = 0) -> Decision:
+               behind: int = 0, remaining: int = 0, ready: Sequence[bool] = ()) -> Decision:
         budget, catch_up = self._begin(budget, lookup_available, lookup_ngram, behind)
         self._prober.begin_round()
         if budget and not self.cost.ready:
             k = min(self.fallback_k, budget)
             return Decision(k, float("nan"), float("nan"), float("nan"), (), "no-figures")
-        room = (budget, self._lookup_predicted, self._lookup_ngram, local_lookup, min(ready, budget))
+        room = (budget, self._lookup_predicted, self._lookup_ngram, local_lookup, tuple(ready[:budget]))
         held = self._held.next_round(room, catch_up)
         d = held if held is not None and not self._prober.due() else self._weigh(room, catch_up, remaining)
         return self._prober.step(d, budget, self._lookup_predicted if local_lookup else 0, self.acceptance)

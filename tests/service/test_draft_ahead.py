@@ -112,3 +112,41 @@ def test_the_stream_s_end_ends_the_drafter_session_and_bad_syncs_are_refused(dra
 
     during, after = lt.run(run())
     assert during >= 1 and after == during - 1
+
+
+def test_a_suffix_drafter_learns_a_streamed_request_to_its_last_token_and_never_its_own_guesses():
+    """Over DraftAhead, a model-free suffix drafter indexes the real text only (not the path it drafted ahead),
+    and the stream's end gives it the request's last tokens, so the next request that repeats the text gets
+    it proposed."""
+    from drafter_service.server import start_drafter
+    from drafter_service.suffix_drafter import SuffixDrafter
+    from gateway.clients import AheadStream, DrafterClient
+
+    lt = LoopThread()
+    drafter = SuffixDrafter()
+    service = lt.run(start_drafter(drafter))
+    text = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]
+
+    async def run():
+        client = DrafterClient(f"127.0.0.1:{service.port}")
+        first = AheadStream(client, "first", "secret", SamplingParams())
+        await first.sync(text[:4], ahead=3)
+        await first.wait(text[:4], 1, timeout_s=5)          # nothing to copy yet: an empty path, said at once
+        await first.sync(text, ahead=0)                     # the request went on and ended
+        await first.close()
+        for _ in range(100):
+            if drafter.session_count() == 0:
+                break
+            await asyncio.sleep(0.02)
+        again = AheadStream(client, "again", "secret", SamplingParams())
+        await again.sync(text[:4], ahead=5)
+        got = await again.wait(text[:4], 5, timeout_s=5)
+        await again.close()
+        return [t.token_id for t in got], [t.origin for t in got]
+
+    try:
+        ids, origins = lt.run(run())
+    finally:
+        lt.run(service.stop(0))
+        lt.close()
+    assert ids == text[4:9] and set(origins) == {"suffix"}

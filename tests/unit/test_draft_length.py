@@ -64,8 +64,12 @@ def test_tokens_drafted_ahead_cost_neither_drafter_time_nor_the_round_trip():
     cost = cost_model({0: 10.0, 1: 11.0, 2: 12.0, 3: 13.0}, draft_per_token=4.0, plain_oh=0.5, spec_oh=10.5)
     acc = flat_acceptance(0.6)
     assert choose_k(cost, acc, 3).k == 0
-    d = choose_k(cost, acc, 3, ready=2)
+    d = choose_k(cost, acc, 3, ready=(False, False))
     assert d.k == 2 and d.candidates[2].expected_ms == pytest.approx(12.0 + 0.5)
+    assert d.candidates[2].expected_tokens == pytest.approx(1 + 0.6 + 0.36)
+    # tokens copied from text (a suffix or lookup drafter's) count at the copies' acceptance
+    copies = choose_k(cost, flat_acceptance(0.6, lookup=0.9), 3, ready=(True, True))
+    assert copies.candidates[2].expected_tokens == pytest.approx(1 + 0.9 + 0.81)
     # beyond the ready tokens a block pays the drafter for the rest only (and its round trip)
     assert d.candidates[3].expected_ms == pytest.approx(1 * 4.0 + 13.0 + 10.5)
 
