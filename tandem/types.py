@@ -92,12 +92,18 @@ class VerifyOutcome:
     ``next_token`` is the recovered token at the first rejected position, or the bonus token when
     the whole (non-empty) block was accepted (``bonus`` True). With an empty block it is simply the
     target's next token (plain decoding).
+
+    Times (verifier side): ``forward_ms`` the target forward the block was part of (shared with the other
+    sessions' blocks batched into it), ``compute_ms`` that forward plus the block's acceptance rule,
+    ``queue_ms`` the wait before that forward (other forwards, prefill chunks).
     """
 
     accepted: int
     next_token: int
     bonus: bool
     compute_ms: float = 0.0
+    queue_ms: float = 0.0
+    forward_ms: float = 0.0
 
 
 @dataclass(frozen=True)

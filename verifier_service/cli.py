@@ -34,7 +34,13 @@ def configure(p) -> None:
     flag(p, "isa", "auto", help="the C kernels' instruction set: 'auto' (the best this CPU runs), or force one: "
          "'avx512', 'avx2', 'generic' (plain C, any CPU); a CPU that lacks it is an error")
     flag(p, "prefill-chunk", 256, int, help="prompt tokens per prefill forward: other sessions' steps run between "
-         "chunks, and a cancelled request stops at the next one (0: the whole prompt at once)")
+         "chunks (sharing the machine about equally with them), and a cancelled request stops at the next one "
+         "(0: the whole prompt at once)")
+    flag(p, "max-batch-rows", 32, int, help="most rows in one verify forward: the blocks of every session waiting "
+         "go into one forward (a plain step is 1 row, a block of k drafts k + 1) up to this many; 1: one session "
+         "per forward")
+    flag(p, "batch-wait-ms", 0.0, float, help="how long a verify forward may wait for sessions of the previous one "
+         "to send their next block, so that they share it (0: never wait; whoever is waiting goes)")
     flag(p, "no-warmup", help="skip the start-up forwards at each block width (the first requests are then slow "
          "and the gateway gets no cost profile)", cast=bool)
     server_flags(p, 50062)
@@ -55,14 +61,13 @@ def check_target(spec: str) -> None:
             "(config.json + weights + tokenizer) [env TANDEM_TARGET]") from None
 
 
-async def run(args) -> int:
+async def load_target(args):
+    """The target as the verifier's flags in ``args`` ask (threads, ISA, GEMMs, batching, ...), loaded and warmed
+    on the torch thread, with the start-up line on stderr (also a gateway serving it in its own process)."""
     check_target(args.target)
 
     import torch
 
-    from tandem import telemetry
-    from tandem.serving import serve_until_stopped
-    from verifier_service.server import start_verifier
     from verifier_service import torch_thread
     from verifier_service.target import Target
 
@@ -76,12 +81,22 @@ async def run(args) -> int:
     os.environ[native.ENV] = args.isa           # the kernels read it; checked now, before the model loads
     native.isa()
     target = await torch_thread.arun(Target.load, args.target, dtype=args.dtype, device=args.device,
-                                     session_ttl_s=args.session_ttl,
-                         max_sessions=args.max_sessions, max_block=args.max_block, gemm=args.gemm,
-                         prefill_chunk=args.prefill_chunk, warmup=not args.no_warmup, decoder=args.decoder,
-                         rowwise_attention=None if args.exact_rows == "on" else False)
+                                     session_ttl_s=args.session_ttl, max_sessions=args.max_sessions,
+                                     max_block=args.max_block, gemm=args.gemm, prefill_chunk=args.prefill_chunk,
+                                     warmup=not args.no_warmup, decoder=args.decoder,
+                                     rowwise_attention=None if args.exact_rows == "on" else False,
+                                     max_batch_rows=args.max_batch_rows, batch_wait_ms=args.batch_wait_ms)
     print(f"[tandem] verifier: {target.startup_line()}; ms per forward width "
           + ", ".join(f"{w}: {ms:.1f}" for w, ms in sorted(target.cost_table().items())), file=sys.stderr, flush=True)
+    return target
+
+
+async def run(args) -> int:
+    from tandem import telemetry
+    from tandem.serving import serve_until_stopped
+    from verifier_service.server import start_verifier
+
+    target = await load_target(args)
     tracing = telemetry.setup("tandem-verifier")        # after the warm-up forwards: nobody's trace
     service = await start_verifier(target, args.host, args.port, interceptors=tracing.server_interceptors())
     return await serve_until_stopped(service, f"verifier ({target.info.model_name})", args, tracing)

@@ -17,7 +17,6 @@ attention reads only the window).
 from __future__ import annotations
 
 import math
-import threading
 
 import torch
 
@@ -70,25 +69,28 @@ class StaticKVCache:
 
 class TargetSession:
     """One session's cache, pending token, sampling and generator. ``cached``: the tokens already in
-    ``cache`` when the session is made (checked: the cache itself is the record from then on)."""
+    ``cache`` when the session is made (checked: the cache itself is the record from then on). ``cache`` None:
+    made by the first prefill forward (on the torch thread). ``vtime``: the session's clock in the scheduler's
+    fair share (``verifier_service.scheduler``)."""
 
     def __init__(self, session_id: str, cache, cached: int, pending_token: int, sampling: SamplingParams,
-                 generator: torch.Generator | None, lock: threading.Lock | None = None, max_block: int = 32):
-        if cached != cache.get_seq_length():
-            raise ValueError(f"session {session_id!r}: the cache holds {cache.get_seq_length()} tokens, not {cached}")
+                 generator: torch.Generator | None, max_block: int = 32):
+        held = 0 if cache is None else cache.get_seq_length()
+        if cached != held:
+            raise ValueError(f"session {session_id!r}: the cache holds {held} tokens, not {cached}")
         self.session_id = session_id
-        self.cache = cache                  # StaticKVCache, or a transformers DynamicCache
+        self.cache = cache                  # StaticKVCache, or a transformers DynamicCache (None: not made yet)
         self.pending_token = pending_token  # last emitted token, not yet in the cache
         self.sampling = sampling
         self.generator = generator
-        self.lock = lock or threading.Lock()
         self.max_block = max_block          # the longest draft block this session may send
         self.in_flight = 0                  # rows of a verify block in the cache, not yet accepted or dropped
+        self.vtime: float | None = None     # set by the scheduler when the session's first work is queued
 
     @property
     def length(self) -> int:
         """Tokens of the session whose KV is in the cache (a verify block being judged not counted)."""
-        return int(self.cache.get_seq_length()) - self.in_flight
+        return 0 if self.cache is None else int(self.cache.get_seq_length()) - self.in_flight
 
     def rollback(self, keep: int) -> None:
         """Crops the KV cache to its first ``keep`` tokens (drops rejected draft positions); the block in
@@ -101,6 +103,8 @@ class TargetSession:
         self.in_flight = 0
 
     def kv_bytes(self) -> int:
+        if self.cache is None:
+            return 0
         if hasattr(self.cache, "nbytes"):
             return int(self.cache.nbytes())
         total = 0

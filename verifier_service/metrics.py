@@ -5,6 +5,9 @@ from __future__ import annotations
 from prometheus_client import Histogram
 
 from tandem.metrics import COMPUTE_BUCKETS, ServiceMetrics, SpecDecodeCounters
+from tandem.types import VerifyOutcome
+
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512)
 
 
 class VerifierMetrics(ServiceMetrics):
@@ -13,14 +16,31 @@ class VerifierMetrics(ServiceMetrics):
                          kv_bytes=target.sessions.total_bytes if target is not None else None)
         self.spec = SpecDecodeCounters(self.registry)
         self.verify_duration = Histogram("tandem:verify_duration_seconds",
-                                         "Verifier compute per Verify (target forward + acceptance).",
-                                         buckets=COMPUTE_BUCKETS, registry=self.registry)
+                                         "Verifier compute per Verify (the target forward its block was part of "
+                                         "+ its acceptance).", buckets=COMPUTE_BUCKETS, registry=self.registry)
         self.prefill_duration = Histogram("tandem:prefill_duration_seconds", "Verifier compute per prefill.",
                                           buckets=COMPUTE_BUCKETS, registry=self.registry)
+        self.queue_wait = Histogram("tandem:verify_queue_seconds", "Wait of a Verify's block before its forward "
+                                    "(other forwards and prefill chunks ahead of it).", buckets=COMPUTE_BUCKETS,
+                                    registry=self.registry)
+        self.forward_rows = Histogram("tandem:forward_rows", "Rows per target forward (verify: every batched "
+                                      "session's block; prefill: the chunk's tokens).", ["kind"],
+                                      buckets=BATCH_BUCKETS, registry=self.registry)
+        self.forward_sessions = Histogram("tandem:forward_sessions", "Sessions per verify forward.",
+                                          buckets=BATCH_BUCKETS, registry=self.registry)
+        if target is not None and getattr(target, "scheduler", None) is not None:
+            target.scheduler.add_listener(self.forward)
 
-    def verified(self, proposed: int, accepted: int, compute_ms: float) -> None:
-        self.spec.observe(proposed, accepted)
-        self.verify_duration.observe(compute_ms / 1e3)
+    def verified(self, proposed: int, outcome: VerifyOutcome) -> None:
+        self.spec.observe(proposed, outcome.accepted)
+        self.verify_duration.observe(outcome.compute_ms / 1e3)
+        self.queue_wait.observe(outcome.queue_ms / 1e3)
 
     def prefilled(self, compute_ms: float) -> None:
         self.prefill_duration.observe(compute_ms / 1e3)
+
+    def forward(self, report) -> None:
+        """One forward the scheduler ran (``verifier_service.scheduler.Forward``)."""
+        self.forward_rows.labels(kind=report.kind).observe(report.rows)
+        if report.kind == "verify":
+            self.forward_sessions.observe(report.sessions)

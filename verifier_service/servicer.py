@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import threading
-
 from tandem.convert import draft_from_pb, sampling_from_pb, target_info_to_pb
 from verifier_service.metrics import VerifierMetrics
 from tandem.pb import common_pb2, verifier_grpc, verifier_pb2
-from tandem.serving import abort_on_error, complete_or_undo
+from tandem.serving import abort_on_error
 from verifier_service.info import describe
 from verifier_service.target import Target
 
@@ -25,23 +21,20 @@ class VerifierServicer(verifier_grpc.VerifierServicer):
 
     @abort_on_error
     async def StartSession(self, request, context):
-        # A cancelled call (client gone, deadline passed) stops the prefill at its next chunk.
-        cancelled = threading.Event()
-        first, ms = await complete_or_undo(
-            asyncio.to_thread(functools.partial(self.target.start, request.session_id, list(request.prompt_ids),
-                                                sampling_from_pb(request.sampling), owner=request.session_token,
-                                                max_draft_length=request.max_draft_length, cancelled=cancelled)),
-            lambda: self.target.end(request.session_id), on_cancel=cancelled.set)
+        # A cancelled call (client gone, deadline passed) stops the prefill at its next chunk, keeping no session.
+        first, ms = await self.target.astart(request.session_id, list(request.prompt_ids),
+                                             sampling_from_pb(request.sampling), owner=request.session_token,
+                                             max_draft_length=request.max_draft_length)
         self.metrics.prefilled(ms)
         return verifier_pb2.StartSessionReply(first_token=first, compute_ms=ms)
 
     @abort_on_error
     async def Verify(self, request, context):
-        outcome = await asyncio.to_thread(self.target.verify, request.session_id, draft_from_pb(request.draft),
-                                          request.session_token)
-        self.metrics.verified(len(request.draft), outcome.accepted, outcome.compute_ms)
+        outcome = await self.target.averify(request.session_id, draft_from_pb(request.draft), request.session_token)
+        self.metrics.verified(len(request.draft), outcome)
         return verifier_pb2.VerifyReply(accepted=outcome.accepted, next_token=outcome.next_token,
-                                        bonus=outcome.bonus, compute_ms=outcome.compute_ms)
+                                        bonus=outcome.bonus, compute_ms=outcome.compute_ms,
+                                        queue_ms=outcome.queue_ms, forward_ms=outcome.forward_ms)
 
     @abort_on_error
     async def EndSession(self, request, context):

@@ -1,10 +1,10 @@
 """The target model: prefill a prompt, verify a draft block in ONE forward pass, roll back.
 
-Public API (used by the servicer and by in-process tests):
+Public API (used by the servicer, by a gateway in the same process and by in-process tests):
   Target.load(spec, ...)                 load from 'default', a .gguf or a HF directory
   target.info                            tandem.types.ModelInfo (vocab hash, context, EOS ids)
-  target.start(session_id, prompt_ids, sampling) -> (first_token, compute_ms)
-  target.verify(session_id, draft)       -> tandem.types.VerifyOutcome
+  target.start(session_id, prompt_ids, sampling) -> (first_token, compute_ms)   (await target.astart(...))
+  target.verify(session_id, draft)       -> tandem.types.VerifyOutcome          (await target.averify(...))
   target.end(session_id)                 -> bool
   target.cost_table()                    -> {block width: ms}, measured by warmup() at start-up
   target.warmup(widths)                  runs (and times) forwards at each block width
@@ -19,13 +19,23 @@ chosen per width by measurement: ``fast_linear``). Anything else (another archit
 dtype) keeps transformers' forward with the same GEMMs and row-wise attention (``verifier_service.forward``);
 ``gemm="mkl"`` (without ``decoder="static"``) is plain transformers. ``startup_line()`` says which path
 serves and why, and how long each loading phase took.
-Prefill runs in chunks of ``prefill_chunk`` tokens, releasing the forward lock (a FIFO lock) between
-chunks, and stops at the next chunk once ``cancelled()``.
+Every forward runs on the torch thread, chosen by the scheduler (``verifier_service.scheduler``): the verify
+blocks of all sessions waiting go into one forward, and prefill chunks (``prefill_chunk`` tokens each)
+take turns with them by a fair share; a prefill stops at its next chunk once ``cancelled()`` (or its
+caller is cancelled). ``start``/``verify`` queue the work and wait for it; ``astart``/``averify`` await it
+without holding a thread.
+
+A ``VerifyOutcome`` says where a round's time went: ``forward_ms``, the forward its block was part of
+(shared with the sessions batched with it); ``compute_ms``, that forward and the block's acceptance rule
+(what the gateway's cost model learns as the round's verify cost: it moves with how many rows share the
+forward); ``queue_ms``, the wait for that forward (other forwards and prefill chunks ahead of it), which
+the gateway counts with the round's overhead.
 """
 
 from __future__ import annotations
 
-import collections
+import asyncio
+import concurrent.futures
 import logging
 import sys
 import threading
@@ -44,50 +54,19 @@ from verifier_service.decoder import Decoder
 from verifier_service.info import TokenizerInfo
 from verifier_service.acceptance import accept_coupled, accept_greedy, accept_random, rejection_generator
 from verifier_service.kv_cache import TargetSession
+from verifier_service.scheduler import PrefillWork, Scheduler, VerifyWork
 from verifier_service.warping import warp
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WIDTHS = tuple(range(1, 10))     # block widths served: k + 1 for k = 0..8
 DEFAULT_PREFILL_CHUNK = 256
+DEFAULT_MAX_BATCH_ROWS = 32              # rows of all sessions' blocks in one verify forward
 GGUF = "gguf"                            # gemm: the GGUF file's blocks (what the fast path always runs)
 
 
 class PrefillCancelled(RuntimeError):
     """The request was cancelled while its prompt was being prefilled."""
-
-
-class FairLock:
-    """A FIFO lock: release hands the lock to the longest waiter, so a session prefilling chunk after chunk
-    cannot re-take it ahead of other sessions' steps waiting in between."""
-
-    def __init__(self):
-        self._mutex = threading.Lock()
-        self._waiters: collections.deque[threading.Event] = collections.deque()
-        self._held = False
-
-    def acquire(self) -> None:
-        with self._mutex:
-            if not self._held and not self._waiters:
-                self._held = True
-                return
-            turn = threading.Event()
-            self._waiters.append(turn)
-        turn.wait()                               # ownership is handed over by release()
-
-    def release(self) -> None:
-        with self._mutex:
-            if self._waiters:
-                self._waiters.popleft().set()    # stays held: passed on
-            else:
-                self._held = False
-
-    def __enter__(self):
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc):
-        self.release()
 
 
 def _is_cancelled(cancelled) -> bool:
@@ -103,7 +82,8 @@ class Target:
                  gemm: str = "auto", widths: Iterable[int] | None = None, warmup: bool = True,
                  prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, rowwise_attention: bool | None = None,
                  max_block: int = 32, decoder: str = "auto", fallback_reason: str = "",
-                 phases: dict[str, float] | None = None):
+                 phases: dict[str, float] | None = None, max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
+                 batch_wait_ms: float = 0.0):
         """``model``: a ``gguf_model.GgufModel`` (the GGUF fast path: the decoder on the file's blocks) or a
         transformers model. ``gemm`` (fp32 weights only): "auto" (measure MKL and oneDNN per width at
         start-up, keep the faster), "onednn", or "mkl" (plain transformers); "gguf" is accepted for a GGUF
@@ -115,7 +95,10 @@ class Target:
         shorter one at start). ``decoder``: "static" (``decoder``: an error if it cannot run the model),
         "transformers" (the model's own forward), or "auto" (static where it can run and ``gemm`` is not
         "mkl"). ``fallback_reason``: why a GGUF file is served by transformers (the start-up line says it).
-        ``phases``: loading phases already timed ({name: s}; ``load`` passes reading and the tokenizer)."""
+        ``phases``: loading phases already timed ({name: s}; ``load`` passes reading and the tokenizer).
+        ``max_batch_rows``: the most rows (all sessions' blocks together) one verify forward takes;
+        ``batch_wait_ms``: how long a verify forward may wait for sessions of the previous one to come back
+        (``verifier_service.scheduler``)."""
         from verifier_service.gguf_model import GgufModel, eos_token_ids
 
         if decoder not in ("auto", "static", "transformers"):
@@ -167,9 +150,6 @@ class Target:
         self.sessions: SessionStore[TargetSession] = SessionStore(session_ttl_s, max_sessions=max_sessions,
                                                                  what="verifier session",
                                                                  size_of=TargetSession.kv_bytes)
-        # One forward at a time: torch already uses every core for one sequence on CPU. Forwards and the
-        # acceptance rule run on the one torch thread (verifier_service.torch_thread: why).
-        self._forward_lock = FairLock()
         self.prefill_chunk = int(prefill_chunk or 0)
         self.max_block = int(max_block)
         if self.decoder is not None:
@@ -188,6 +168,10 @@ class Target:
 
             self.attention = use_rowwise_attention(model, bool(rowwise_attention))
         self._cost_table: dict[int, float] = {}
+        # Forwards and the acceptance rule run on the one torch thread (verifier_service.torch_thread: why),
+        # one forward at a time, chosen by the scheduler.
+        self.scheduler = Scheduler(self, prefill_chunk=self.prefill_chunk, max_batch_rows=max_batch_rows,
+                                   max_batch_sessions=1, batch_wait_ms=batch_wait_ms)
         self.setup_s = time.perf_counter() - t_setup       # packing + GEMM measurement (+ merging weights)
         self.phases["packing"] = self.setup_s
         t_warm = time.perf_counter()
@@ -309,9 +293,9 @@ class Target:
 
     # ---- the model call ------------------------------------------------------------------------
     def _forward(self, session: TargetSession, input_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
-        """Feeds input_ids after the cached tokens; returns logits [len(input_ids) or 1, V] (float32)."""
-        with self._forward_lock:
-            return torch_thread.run(self._forward_now, session, input_ids, last_only)
+        """Feeds input_ids after the cached tokens; returns logits [len(input_ids) or 1, V] (float32). On the
+        torch thread (from elsewhere: queued there, between the scheduler's forwards)."""
+        return torch_thread.run(self._forward_now, session, input_ids, last_only)
 
     @torch.inference_mode()
     def _forward_now(self, session: TargetSession, input_ids: Sequence[int], last_only: bool) -> torch.Tensor:
@@ -320,6 +304,10 @@ class Target:
         ids = torch.tensor([list(input_ids)], dtype=torch.long, device=self.device)        # [1, n]
         out = self._model(input_ids=ids, cache=session.cache, use_cache=True, logits_to_keep=1 if last_only else 0)
         return out.logits[0].float()                                                     # [n, V]
+
+    def _forward_blocks(self, blocks: list[tuple[TargetSession, list[int]]]) -> list[torch.Tensor]:
+        """One forward over every session's block (its rows after its own cache); logits [n_i, V] each."""
+        return [self._forward_now(session, ids, False) for session, ids in blocks]
 
     def _choose(self, session: TargetSession, logits: torch.Tensor, draft: Sequence[DraftToken]):
         """Applies the acceptance rule to logits [k+1, V] for a block of k draft tokens (on the torch thread)."""
@@ -340,16 +328,80 @@ class Target:
             draft_probs[i, list(tok.support_ids)] = torch.tensor(tok.support_probs, dtype=torch.float32)
         return accept_random(target_probs, draft_ids, draft_probs, session.generator)
 
-    # ---- the session lifecycle -----------------------------------------------------------------
-    def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, *, owner: str = "",
-              max_draft_length: int = 0,
-              cancelled: Callable[[], bool] | threading.Event | None = None) -> tuple[int, float]:
-        """Prefills the prompt (in chunks of ``prefill_chunk`` tokens, other sessions' forwards may run in
-        between); returns the first generated token (the target's own) and compute ms. ``owner``: the
-        session's secret, required by verify and end. ``max_draft_length``: the longest block this session
-        will send (0: the node's ``max_block``). ``cancelled`` (a callable or an Event) is checked before
-        each chunk: once true, PrefillCancelled is raised and no session is kept."""
+    # ---- what the scheduler runs (on the torch thread) -------------------------------------------
+    @torch.inference_mode()
+    def run_verify(self, batch: list[VerifyWork]) -> None:
+        """One forward over the blocks of ``batch`` (each session's [pending, x_1..x_k] after its own cache), then
+        each block's acceptance rule and rollback; completes each item's future (cancelled ones are skipped)."""
+        ready = []
+        for work in batch:
+            session, k = work.session, len(work.draft)
+            if work.future.cancelled():
+                continue
+            if session.length + k + 1 > self.info.max_context:
+                _settle(work.future, error=ValueError(
+                    f"session {session.session_id!r} would exceed the target's context of "
+                    f"{self.info.max_context} tokens"))
+                continue
+            work.base = session.length
+            ready.append((work, work.base))
+        if not ready:
+            return
         t0 = time.perf_counter()
+        blocks = [(w.session, [w.session.pending_token] + [t.token_id for t in w.draft]) for w, _ in ready]
+        try:
+            logits = self._forward_blocks(blocks)
+        except BaseException as exc:
+            for work, base in ready:
+                work.session.rollback(base)             # the cache as it was
+                _settle(work.future, error=exc)
+            return
+        t1 = time.perf_counter()
+        rows = sum(len(ids) for _, ids in blocks)
+        for (work, base), block_logits in zip(ready, logits):
+            session = work.session
+            keep = base                                   # on any failure: the cache as it was
+            try:
+                session.in_flight = len(work.draft) + 1   # the block's rows: not the session's length yet
+                result = self._choose_now(session, block_logits, work.draft)
+                keep = base + 1 + result.accepted         # pending + the accepted drafts
+            except BaseException as exc:
+                session.rollback(keep)
+                _settle(work.future, error=exc)
+                continue
+            session.rollback(keep)                        # the one place the cache moves back
+            session.pending_token = result.next_token
+            t2 = time.perf_counter()
+            work.timing = (t0, t1, t2, rows, len(ready))
+            _settle(work.future, VerifyOutcome(result.accepted, result.next_token, result.bonus,
+                                               compute_ms=(t2 - t0) * 1e3,
+                                               queue_ms=(t0 - work.submitted) * 1e3, forward_ms=(t1 - t0) * 1e3))
+
+    @torch.inference_mode()
+    def run_prefill(self, work: PrefillWork, chunk: int) -> None:
+        """The next ``chunk`` tokens of ``work``'s prompt into its session's cache (made by the first chunk); after
+        the last one the target's first token. Cancelled (its future, or ``work.cancelled()``): stops here."""
+        session, prompt = work.session, work.prompt_ids
+        try:
+            if work.future.cancelled() or work.cancelled():
+                raise PrefillCancelled(f"session {session.session_id!r}: cancelled during prefill ({work.done} "
+                                       f"of {len(prompt)} prompt tokens done)")
+            if session.cache is None:
+                session.cache = self._new_cache_now()
+            ids = prompt[work.done:work.done + chunk]
+            logits = self._forward(session, ids, last_only=True)                              # [1, V]
+            work.done += len(ids)
+            work.chunks += 1
+            if work.done >= len(prompt):
+                session.pending_token = self._choose_now(session, logits, []).next_token
+                _settle(work.future, session.pending_token)
+        except BaseException as exc:
+            _settle(work.future, error=exc)
+
+    # ---- the session lifecycle -----------------------------------------------------------------
+    def _prefill_work(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, owner: str,
+                      max_draft_length: int, cancelled) -> PrefillWork:
+        """The checks of ``start``, then the prefill item for the scheduler (not queued yet)."""
         check_session_id(session_id, owner)
         self.sessions.check_free(session_id)     # before the prefill, not after it
         sampling.validate()
@@ -363,45 +415,92 @@ class Target:
             raise ValueError(f"max_draft_length must be between 0 (the verifier's limit) and {self.max_block}, "
                              f"got {max_draft_length}")
         generator = None if sampling.greedy or sampling.coupled else rejection_generator()
-        session = TargetSession(session_id, self._new_cache(), 0, -1, sampling, generator,
+        session = TargetSession(session_id, None, 0, -1, sampling, generator,
                                 max_block=max_draft_length or self.max_block)
-        chunk = self.prefill_chunk or len(prompt_ids)
-        with telemetry.span("target.forward", {"tandem.tokens": len(prompt_ids), "tandem.prefill": True}):
-            for begin in range(0, len(prompt_ids), chunk):
-                if _is_cancelled(cancelled):
-                    raise PrefillCancelled(f"session {session_id!r}: cancelled during prefill "
-                                           f"({begin} of {len(prompt_ids)} prompt tokens done)")
-                logits = self._forward(session, prompt_ids[begin:begin + chunk], last_only=True)   # [1, V]
-        session.pending_token = self._choose(session, logits, []).next_token
-        self.sessions.add(session_id, session, owner)
-        return session.pending_token, (time.perf_counter() - t0) * 1e3
+        return PrefillWork(session, prompt_ids=list(prompt_ids), cancelled=lambda: _is_cancelled(cancelled))
 
-    def verify(self, session_id: str, draft: Sequence[DraftToken], owner: str | None = None) -> VerifyOutcome:
-        """One target forward over [pending, x_1..x_k]; keeps the accepted prefix, rolls back the rest.
-        ``owner``: the session's secret (None: not checked, for in-process callers)."""
+    def _started(self, work: PrefillWork, owner: str, t0: float) -> tuple[int, float]:
+        """Stores the prefilled session (in the caller's context: the session store counts sessions per caller)
+        and records the prefill's span."""
+        ms = (time.perf_counter() - t0) * 1e3
+        _record_span("target.forward", work.submitted_ns, work.wall_ns(time.perf_counter()),
+                     {"tandem.tokens": len(work.prompt_ids), "tandem.prefill": True, "tandem.chunks": work.chunks,
+                      "tandem.queue_ms": ((work.started or work.submitted) - work.submitted) * 1e3})
+        self.sessions.add(work.session.session_id, work.session, owner)
+        return work.session.pending_token, ms
+
+    def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, *, owner: str = "",
+              max_draft_length: int = 0,
+              cancelled: Callable[[], bool] | threading.Event | None = None) -> tuple[int, float]:
+        """Prefills the prompt (in chunks of ``prefill_chunk`` tokens, other sessions' forwards may run in
+        between); returns the first generated token (the target's own) and its wall ms. ``owner``: the
+        session's secret, required by verify and end. ``max_draft_length``: the longest block this session
+        will send (0: the node's ``max_block``). ``cancelled`` (a callable or an Event) is checked before
+        each chunk: once true, PrefillCancelled is raised and no session is kept."""
         t0 = time.perf_counter()
+        work = self._prefill_work(session_id, prompt_ids, sampling, owner, max_draft_length, cancelled)
+        self.scheduler.submit(work).result()
+        return self._started(work, owner, t0)
+
+    async def astart(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, *,
+                     owner: str = "", max_draft_length: int = 0,
+                     cancelled: Callable[[], bool] | threading.Event | None = None) -> tuple[int, float]:
+        """``start`` for asyncio callers. Cancelling the awaiting task stops the prefill at its next chunk and
+        keeps no session."""
+        t0 = time.perf_counter()
+        work = self._prefill_work(session_id, prompt_ids, sampling, owner, max_draft_length, cancelled)
+        await asyncio.wrap_future(self.scheduler.submit(work))      # cancelled with the caller
+        return self._started(work, owner, t0)
+
+    def _verify_work(self, session_id: str, draft: Sequence[DraftToken], owner: str | None) -> VerifyWork:
         session = self.sessions.require(session_id, owner)
         check_draft(draft, self.vocab_size, not session.sampling.greedy, session.max_block)
-        with session.lock:
-            k = len(draft)
-            base = session.length
-            if base + k + 1 > self.info.max_context:
-                raise ValueError(f"session {session_id!r} would exceed the target's context of "
-                                 f"{self.info.max_context} tokens")
-            keep = base                                   # on any failure: the cache as it was
-            try:
-                with telemetry.span("target.forward", {"tandem.tokens": k + 1, "tandem.cached_tokens": base}):
-                    logits = self._forward(session, [session.pending_token] + [t.token_id for t in draft])  # [k+1, V]
-                session.in_flight = k + 1                 # the block's rows: not the session's length yet
-                with telemetry.span("acceptance", {"tandem.k": k, "tandem.greedy": session.sampling.greedy}) as span:
-                    result = self._choose(session, logits, draft)
-                    span.set_attribute("tandem.accepted", result.accepted)
-                keep = base + 1 + result.accepted         # pending + the accepted drafts
-            finally:
-                session.rollback(keep)                    # the one place the cache moves back
-            session.pending_token = result.next_token
-        return VerifyOutcome(result.accepted, result.next_token, result.bonus, (time.perf_counter() - t0) * 1e3)
+        return VerifyWork(session, draft=tuple(draft))
+
+    def _verified(self, work: VerifyWork, outcome: VerifyOutcome) -> VerifyOutcome:
+        """Records the round's spans (the forward it was part of, its acceptance) in the caller's context."""
+        t0, t1, t2, rows, sessions = work.timing
+        _record_span("target.forward", work.submitted_ns, work.wall_ns(t1),
+                     {"tandem.tokens": len(work.draft) + 1, "tandem.cached_tokens": work.base, "tandem.queue_ms": outcome.queue_ms, "tandem.forward_ms": outcome.forward_ms,
+                      "tandem.batch.rows": rows, "tandem.batch.sessions": sessions})
+        _record_span("acceptance", work.wall_ns(t1), work.wall_ns(t2),
+                     {"tandem.k": len(work.draft), "tandem.greedy": work.session.sampling.greedy,
+                      "tandem.accepted": outcome.accepted})
+        return outcome
+
+    def verify(self, session_id: str, draft: Sequence[DraftToken], owner: str | None = None) -> VerifyOutcome:
+        """One target forward over [pending, x_1..x_k] (with whatever other sessions' blocks are waiting); keeps
+        the accepted prefix, rolls back the rest. ``owner``: the session's secret (None: not checked, for
+        in-process callers)."""
+        work = self._verify_work(session_id, draft, owner)
+        return self._verified(work, self.scheduler.submit(work).result())
+
+    async def averify(self, session_id: str, draft: Sequence[DraftToken], owner: str | None = None) -> VerifyOutcome:
+        """``verify`` for asyncio callers (cancelled before its forward: the block is never run)."""
+        work = self._verify_work(session_id, draft, owner)
+        return self._verified(work, await asyncio.wrap_future(self.scheduler.submit(work)))
 
     def end(self, session_id: str, owner: str | None = None) -> bool:
         """Frees the session (False if unknown); NotSessionOwner for a wrong ``owner`` (None: not checked)."""
-        return self.sessions.pop(session_id, owner) is not None
+        session = self.sessions.pop(session_id, owner)
+        if session is not None:
+            self.scheduler.forget(session)
+        return session is not None
+
+
+def _settle(future: concurrent.futures.Future, result=None, error: BaseException | None = None) -> None:
+    """Completes ``future`` unless its caller cancelled it meanwhile."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+def _record_span(name: str, start_ns: int, end_ns: int, attributes: dict) -> None:
+    """A span of the caller's trace for work the torch thread did on its behalf (times recorded there)."""
+    tracer = telemetry.tracer()
+    if tracer is not None:
+        tracer.start_span(name, attributes=attributes, start_time=start_ns).end(end_time=end_ns)

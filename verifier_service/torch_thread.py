@@ -11,8 +11,9 @@ its handlers' pool threads (and loaded the model on the main thread) gets there 
 through the verifier service a plain step took 26 ms against 19 ms in its own warm-up.
 
 So every torch call of the verifier goes through ``run`` (from any thread: runs inline on the torch
-thread, else submits there and waits) or ``arun`` (from asyncio). The thread is created on first use
-and lives as long as the process; callers keep their own locking (``Target``'s FIFO forward lock).
+thread, else submits there and waits), ``arun`` (from asyncio) or ``submit`` (queue it, do not wait: the
+verifier's scheduler, ``verifier_service.scheduler``, queues its steps so). The thread is created on first use
+and lives as long as the process; jobs run in the order queued.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
 
 def on_torch_thread() -> bool:
     return _ident is not None and threading.get_ident() == _ident
+
+
+def submit(fn, *args, **kwargs) -> concurrent.futures.Future:
+    """Queues ``fn(*args, **kwargs)`` on the torch thread; returns its future at once."""
+    return _pool().submit(fn, *args, **kwargs)
 
 
 def run(fn, *args, **kwargs):
