@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 
 from drafter_service.drafter import ContextDrafter, DraftState
-from drafter_service.lookup import checked_length, find_lookup
-from tandem.lookup import lookup_proposal
+from drafter_service.lookup import checked_length
+from tandem.lookup import find_lookup, lookup_proposal
 from tandem.types import DraftToken, LookupRule, ModelInfo, SamplingParams
 
 

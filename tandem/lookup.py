@@ -1,17 +1,16 @@
 """Prompt lookup: free draft tokens copied from the context (Saxena 2023, "prompt lookup decoding").
 
-If the last n tokens of the context occurred earlier in it, the tokens that followed them then are
-a good guess for what follows now (quotes, names, code, summaries, and the repetition small models
-fall into). Such a proposal is deterministic given the context, so the distribution it was drawn
-from is a point mass: q = δ(x). Reporting exactly that keeps verification exact (the verifier
-accepts x with probability p(x) and otherwise samples from p without x).
+The rule: for n = max_ngram down to min_ngram, if the context's last n tokens occurred earlier in it, the
+proposal is the (up to k) tokens that followed their most recent earlier occurrence, found by the longest
+such n (a quote, a name, code, a summary, the repetition small models fall into); else nothing. It is a
+deterministic function of the context, so the distribution a proposed token was drawn from is a point
+mass, q = δ(x): reporting exactly that keeps verification exact (the verifier accepts x with probability
+p(x) and otherwise samples from p without x).
 
-Checked lookup (drafter_service.lookup_drafter, drafter_service.lookup.checked_length): a token found by a short n-gram (shorter than
-``lookup_trust_ngram``) is kept only while the inner drafter's own top token agrees with it or the
-drafter is unsure (top probability below ``lookup_check_confidence``, ``checked_length``); at the first
-confident disagreement the inner drafter drafts from there. The check is a deterministic function of
-the context, so a kept token is still a point mass and a dropped one is replaced by a model token
-sampled from the q that is reported: exact.
+Two algorithms give the rule's answers: ``find_lookup`` scans the context (numpy; the drafter's, whose
+contexts grow and rewind), ``LookupIndex`` keeps an index of the n-grams of a context that only grows (the
+gateway's, round after round); tests/unit/test_lookup.py holds them equal. The drafter may check short
+matches against its model (``drafter_service.lookup``).
 """
 
 from __future__ import annotations
@@ -31,16 +30,8 @@ def lookup_proposal(ids: Sequence[int], sampling: SamplingParams) -> list[DraftT
     return [DraftToken(int(t), (int(t),), (1.0,), from_lookup=True) for t in ids]
 
 
-def prompt_lookup(context: Sequence[int], k: int, max_ngram: int = 4, min_ngram: int = 2) -> list[int]:
-    """Up to k tokens that followed the most recent earlier occurrence of the context's last n-gram.
-
-    Tries n = max_ngram down to min_ngram; returns [] when no n-gram recurs.
-    """
-    return find_lookup(context, k, max_ngram, min_ngram)[0]
-
-
 def find_lookup(context: Sequence[int], k: int, max_ngram: int = 4, min_ngram: int = 2) -> tuple[list[int], int]:
-    """``prompt_lookup``'s tokens and the length n of the n-gram they were found by (0: none).
+    """The rule's tokens (the module docstring) and the length n of the n-gram they were found by (0: none).
 
     A long match (a quote, a name, a repeated line) is usually right; a match on the last token alone
     often is not, which is why the drafter checks short matches against its model (LookupDrafter).

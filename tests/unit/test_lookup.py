@@ -2,9 +2,15 @@
 
 import numpy as np
 
-from drafter_service.lookup import checked_length, prompt_lookup
+from drafter_service.lookup import checked_length
 from drafter_service.onnx_drafter import OnnxDrafter
+from tandem.lookup import find_lookup
 from tandem.types import SamplingParams
+
+
+def prompt_lookup(context, k, max_ngram=4, min_ngram=2):
+    """The rule's tokens alone."""
+    return find_lookup(context, k, max_ngram, min_ngram)[0]
 
 
 def test_longest_recurring_ngram_wins_and_most_recent_occurrence_is_used():
