@@ -284,7 +284,8 @@ class ModelDrafter(ContextDrafter):
                     choice = sample_index(probs, rng)
                 if dv is not None:
                     ids = dv[ids]
-                tok = DraftToken(int(ids[choice]), tuple(ids.tolist()), tuple(probs.tolist()))
+                tok = (DraftToken(int(ids[choice])) if sampling.coupled      # the verifier never reads q then
+                       else DraftToken(int(ids[choice]), tuple(ids.tolist()), tuple(probs.tolist())))
             tokens.append(tok)
             if j < k - 1:
                 outs = self._run([tok.token_id], state.kv)

@@ -120,7 +120,7 @@ class Proposer:
             step = await self._from_stream(sequence, k) if self._use_ahead else None
             if step is None:
                 step = ProposalStep(await self._call(sequence, k), "propose")
-            check_proposal(step.proposal, k, self.vocab_size, not self.sampling.greedy)
+            check_proposal(step.proposal, k, self.vocab_size, self.sampling.needs_draft_probs)
         except DrafterUnavailable as exc:
             await self.close()
             self.drafter = None

@@ -25,7 +25,7 @@ from tandem.types import DraftToken, SamplingParams
 def lookup_proposal(ids: Sequence[int], sampling: SamplingParams) -> list[DraftToken]:
     """Lookup tokens as draft tokens: q is a point mass on each (greedy: no q at all). Whoever copies them
     (the drafter, or the gateway for a block lookup supplies whole) proposes the same tokens with the same q."""
-    if sampling.greedy:
+    if not sampling.needs_draft_probs:
         return [DraftToken(int(t), from_lookup=True) for t in ids]
     return [DraftToken(int(t), (int(t),), (1.0,), from_lookup=True) for t in ids]
 

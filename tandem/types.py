@@ -37,6 +37,12 @@ class SamplingParams:
         """Sampled with a seed: drafter-invariant coupled sampling (verifier_service.acceptance)."""
         return self.seed is not None and not self.greedy
 
+    @property
+    def needs_draft_probs(self) -> bool:
+        """Whether the verifier's rule reads q (draft_probs): rejection sampling does; greedy and coupled
+        acceptance compare token ids only, so their drafts travel without q."""
+        return not self.greedy and not self.coupled
+
     def validate(self) -> None:
         """Raises ValueError with a user-facing message when a setting is out of range."""
         # (the wire's float32 holds 1e-4 as 0.99999997e-4: within the tolerance)

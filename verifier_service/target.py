@@ -454,7 +454,7 @@ class Target:
 
     def _verify_work(self, session_id: str, draft: Sequence[DraftToken], owner: str | None) -> VerifyWork:
         session = self.sessions.require(session_id, owner)
-        check_draft(draft, self.vocab_size, not session.sampling.greedy, session.max_block)
+        check_draft(draft, self.vocab_size, session.sampling.needs_draft_probs, session.max_block)
         return VerifyWork(session, draft=tuple(draft))
 
     def _verified(self, work: VerifyWork, outcome: VerifyOutcome) -> VerifyOutcome:

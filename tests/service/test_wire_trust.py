@@ -216,7 +216,7 @@ def test_the_forced_token_attack_is_refused(nodes):
     from tandem.pb import verifier_pb2
 
     target, _, vstub, _ = nodes
-    _start(vstub, "forced")
+    _start(vstub, "forced", sampling=common_pb2.SamplingParams(temperature=1.0))   # no seed: rejection sampling
     blocks = {"q(x) = 0": common_pb2.DraftToken(token_id=7, support_ids=[7, 8], support_probs=[0.0, 1.0]),
               "q(x) = 1e-30": common_pb2.DraftToken(token_id=7, support_ids=[7, 8], support_probs=[1e-30, 1.0]),
               "sum 2": common_pb2.DraftToken(token_id=7, support_ids=[7, 8], support_probs=[1.0, 1.0]),

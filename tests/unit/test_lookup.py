@@ -49,11 +49,13 @@ def test_drafter_mixes_lookup_and_model_tokens(tiny_drafter_onnx):
     model_cont = plain.propose("p", 0, ctx + looked, 2, SamplingParams())
     assert greedy.token_ids[5:] == model_cont.token_ids
 
-    sampled = hybrid.propose("s", 0, ctx, 7, SamplingParams(temperature=1.0, seed=3))
+    sampled = hybrid.propose("s", 0, ctx, 7, SamplingParams(temperature=1.0))      # rejection sampling: q sent
     for tok in sampled.tokens[:5]:
         assert tok.support_ids == (tok.token_id,) and tok.support_probs == (1.0,)   # q = point mass
     for tok in sampled.tokens[5:]:
         assert len(tok.support_ids) > 1 and abs(sum(tok.support_probs) - 1) < 1e-4
+    coupled = hybrid.propose("c", 0, ctx, 7, SamplingParams(temperature=1.0, seed=3))
+    assert coupled.token_ids[:5] == looked and all(not t.support_ids for t in coupled.tokens)  # q is never read
     # a proposal made entirely by lookup needs no model run, and the next one still syncs correctly
     full = hybrid.propose("g", len(ctx), [12, 13], 2, SamplingParams())     # "11 12 13" recurs
     assert full.token_ids == [20, 10]
