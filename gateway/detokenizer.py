@@ -89,11 +89,11 @@ class IncrementalDetokenizer:
         parts = [self._emit_upto(stop) for stop in range(start + 1, end)]
         return "".join(parts)
 
+    def push_pieces(self, token_ids: Iterable[int]) -> list[str]:
+        """``push`` id by id: the text each id completes, in order ('' for an id whose character a later id
+        completes, or a skipped one). The pieces add up to what ``push`` of all of them returns."""
+        return [self.push((i,)) for i in token_ids]
+
     def flush(self) -> str:
         """The text still held back (an incomplete last character decodes as U+FFFD); call at the end."""
         return self._emit_upto(len(self._ids), force=True)
-
-    @property
-    def token_count(self) -> int:
-        """How many kept ids were pushed (special ones excluded when skipping)."""
-        return len(self._ids)

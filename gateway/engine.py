@@ -55,11 +55,13 @@ class GenerateParams:
 
 @dataclass(frozen=True)
 class Step:
-    """What one round adds for the client: token ids and the text they complete."""
+    """What one round adds for the client: token ids, the text they complete, and that text per token
+    (``pieces[i]``: what ``token_ids[i]`` completes; they add up to ``text``)."""
 
     round: Round
     token_ids: tuple[int, ...]
     text: str
+    pieces: tuple[str, ...] = ()
 
 
 # How a sampled request without a seed is verified (a seeded one is always coupled, tandem.coupling):
@@ -367,7 +369,8 @@ class Gateway:
                 if rnd.fallback_reason and request.session_id not in getattr(drafter, "refused", ()):
                     self.mark_drafter_down(rnd.fallback_reason)     # not for one session the drafter had no room for
                 generated.extend(rnd.tokens)
-                yield Step(rnd, rnd.tokens, detokenizer.push(rnd.tokens))
+                pieces = tuple(detokenizer.push_pieces(rnd.tokens))
+                yield Step(rnd, rnd.tokens, "".join(pieces), pieces)
             tail = detokenizer.flush()        # a character the last token left incomplete (as U+FFFD)
             if tail:
                 yield Step(rnd, (), tail)

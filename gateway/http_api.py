@@ -53,7 +53,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from gateway.engine import Gateway, GenerateParams
-from gateway.openai_schema import ApiError, Parsed, PieceCutter, TokenPieces, parse_chat, parse_completion
+from gateway.openai_schema import ApiError, Parsed, PieceCutter, parse_chat, parse_completion
 from gateway.stats import RequestStats
 from tandem.errors import wire_of
 from tandem.security import bearer_matches
@@ -153,7 +153,6 @@ class Generation:
         self.stats = RequestStats()
         self.token_ids: list[int] = []
         self.cutter = PieceCutter(parsed.stop)
-        self.pieces = TokenPieces(gateway.tokenizer)
         self.finish_reason: str | None = None
         self._stack = contextlib.AsyncExitStack()
         self._steps: AsyncIterator | None = None
@@ -178,7 +177,10 @@ class Generation:
         step = self._first
         while step is not None:
             self.token_ids.extend(step.token_ids)
-            pieces = self.pieces.split(step.token_ids, step.round.origins, step.text)
+            pieces = [{"text": p, "origin": o, "id": t} for p, o, t in zip(step.pieces, step.round.origins,
+                                                                          step.token_ids)]
+            if step.text and not step.token_ids:        # the flushed end of an incomplete character
+                pieces = [{"text": step.text, "origin": "target", "id": None}]
             text, tokens = self.cutter.feed(pieces)
             if text or tokens:
                 yield Delta(text, tokens)

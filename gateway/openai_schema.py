@@ -306,42 +306,6 @@ class StopCutter:
         return out
 
 
-class TokenPieces:
-    """Splits each round's text into per-token pieces whose concatenation is exactly the round's text.
-
-    Decodes a short window of the preceding tokens plus the round's tokens one by one; a token that ends
-    in half a character gets its text with the next one. If the pieces do not add up to the engine's text
-    (an unusual decoder), the round's text goes on its last token.
-    """
-
-    WINDOW = 8
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-
-    def _decode(self, ids) -> str:
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return text[:-1] if text.endswith("\ufffd") else text
-
-    def split(self, token_ids: Sequence[int], origins: Sequence[str], text: str) -> list[dict]:
-        window = self.ids[-self.WINDOW:]
-        self.ids.extend(token_ids)
-        pieces: list[str] = []
-        prev = self._decode(window) if window else ""
-        ok = True
-        for j in range(len(token_ids)):
-            cur = self._decode(window + list(token_ids[:j + 1]))
-            if not cur.startswith(prev):
-                ok = False
-                break
-            pieces.append(cur[len(prev):])
-            prev = cur
-        if not ok or "".join(pieces) != text:
-            pieces = [""] * (len(token_ids) - 1) + [text] if token_ids else []
-        return [{"text": p, "origin": o, "id": t} for p, o, t in zip(pieces, origins, token_ids)]
-
-
 class PieceCutter:
     """A StopCutter over per-token pieces: what goes out is always a list of pieces whose texts add up to
     the text that goes out (a piece cut by a stop string or held back in part is split)."""

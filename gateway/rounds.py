@@ -175,9 +175,9 @@ def _finite(x: float) -> float:
 
 
 def _origins(proposal: Proposal, accepted: int, kept: int) -> list[str]:
-    """Where each emitted token came from: 'lookup' or 'draft' (accepted drafts), then 'target' (the
-    recovered or bonus token)."""
-    out = ["lookup" if t.from_lookup else "draft" for t in proposal.tokens[:accepted]] + ["target"]
+    """Where each emitted token came from: accepted drafts by their origin ('draft': the drafter's model;
+    'lookup' or 'suffix': copied from text), then 'target' (the recovered or bonus token)."""
+    out = [t.origin or ("lookup" if t.from_lookup else "draft") for t in proposal.tokens[:accepted]] + ["target"]
     return out[:kept]
 
 

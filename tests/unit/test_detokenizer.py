@@ -104,6 +104,11 @@ def test_real_texts_equal_full_decode(request, which, name, skip):
         assert "".join(pushed) + tail == full
         assert tail == ""                                   # valid text: nothing left over at the end
         assert not any("\ufffd" in p for p in pushed)        # never half a character mid-stream
+        # per-token pieces (the HTTP API's per-token origins): one per id, adding up to each round's text
+        detok = IncrementalDetokenizer(tok, skip_special_tokens=skip)
+        for chunk, text in zip(chunks, pushed):
+            pieces = detok.push_pieces(chunk)
+            assert len(pieces) == len(chunk) and "".join(pieces) == text
 
 
 def test_split_characters_are_exercised_and_never_shown_half(smollm2, llama_like):
@@ -150,8 +155,17 @@ def test_special_tokens_are_skipped_like_decode(smollm2):
     for skip in (True, False):
         pushed, tail = _stream(smollm2, ids, [[i] for i in ids], skip)
         assert "".join(pushed) + tail == smollm2.decode(ids, skip_special_tokens=skip)
-    detok = IncrementalDetokenizer(smollm2)
-    assert detok.push(sp * 50) == "" and detok.token_count == 0   # skipped ids never enter the window
+    # skipped ids never enter the window: no decode call sees one
+    decoded = []
+
+    class Spy:
+        def decode(self, ids, **kw):
+            decoded.append(list(ids))
+            return smollm2.decode(ids, **kw)
+
+    detok = IncrementalDetokenizer(Spy(), skip_ids=skipped_ids(smollm2))
+    assert detok.push(sp * 50) == "" and detok.push(a) == "Hello"
+    assert decoded and not any(i in sp for ids in decoded for i in ids)
 
 
 _KINDS: dict[int, tuple] = {}
