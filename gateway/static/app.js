@@ -64,6 +64,7 @@ function appendTokens(body, tokens, fallbackText) {
     span.className = "tok origin-" + t.origin;
     span.dataset.origin = t.origin;
     span.title = { draft: "drafter, accepted by the target", lookup: "prompt lookup, accepted",
+                   suffix: "copied from earlier traffic (suffix drafting), accepted",
                    target: "target (recovered or bonus token)" }[t.origin] || t.origin;
     span.textContent = t.text;
     body.append(span);
