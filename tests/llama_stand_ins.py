@@ -9,7 +9,8 @@ are built by ``python -m tandem.bench.llama_tools build`` and used only by real 
 The server streams one word per token, STEP_S apart, like llama-server: a first chunk with the role
 only, then one chunk per token, except that token 2's text is held back and sent with token 3 (as
 llama-server does for an incomplete character), a closing chunk with ``finish_reason`` and
-``timings``, and ``usage`` when ``stream_options.include_usage`` is set.
+``timings`` (``cache_n``: prompt tokens reused from an earlier request with the same messages, unless
+``cache_prompt`` is false), and ``usage`` when ``stream_options.include_usage`` is set.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 STEP_S = 0.01
 WORDS = "the stand in server answers with these words one token at a time until max tokens".split()
 BENCH_TPS = 50.0
+SEEN: set[str] = set()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -73,7 +75,11 @@ class Handler(BaseHTTPRequestHandler):
                 continue
             send(chunk({"content": held + word}))
             held = ""
-        send(chunk({}, "length", timings={"predicted_n": n, "predicted_per_second": 1 / STEP_S}))
+        # llama-server's prompt cache: a prompt its slot saw before is reused unless cache_prompt is false
+        prompt = json.dumps(req.get("messages"))
+        cached = 7 if req.get("cache_prompt", True) and prompt in SEEN else 0
+        SEEN.add(prompt)
+        send(chunk({}, "length", timings={"predicted_n": n, "predicted_per_second": 1 / STEP_S, "cache_n": cached}))
         if (req.get("stream_options") or {}).get("include_usage"):
             send({"id": "x", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": n,
                                                       "total_tokens": n + 7}})

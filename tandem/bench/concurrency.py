@@ -86,7 +86,7 @@ def level_figures(samples: list[dict]) -> dict:
 def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print) -> dict:
     from tandem.bench import llama_peer
     from tandem.bench.environment import environment
-    from tandem.bench.llama_server import LlamaServer
+    from tandem.bench.llama_server import REQUEST_EXTRA, LlamaServer
     from tandem.bench.llama_tools import find_tools, missing_message
     from tandem.bench.runner import start_services
     from tandem.security import default as default_security
@@ -127,7 +127,7 @@ def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print
                 server = LlamaServer(tools.server, gguf, threads, parallel=level, cpus=cpus,
                                      log_path=out_dir / f"llama-server-np{level}.log").__enter__()
                 results["llama_server"][str(level)] = {"command": server.command, "startup_s": server.startup_s}
-                systems.insert(0, (LLAMA, sender(server.url)))
+                systems.insert(0, (LLAMA, sender(server.url, REQUEST_EXTRA)))
             try:
                 for name, send in systems:
                     w = send(run_order[0], settings.max_tokens)

@@ -18,6 +18,12 @@ from tandem.affinity import parse_cpus
 from tandem.flags import DEFAULT_HOST
 
 
+# What every request to llama-server adds: no prompt cache. The bench sends each prompt once per repeat;
+# llama-server would answer a repeat's prefill from the KV its slot kept of the same prompt, which no
+# fresh request gets (Tandem's verifier keeps no prompt cache across requests).
+REQUEST_EXTRA = {"cache_prompt": False}
+
+
 def _pinned(cpus: str | None):
     """A preexec_fn that pins the child to ``cpus`` (None: no pinning)."""
     if not cpus:

@@ -36,7 +36,7 @@ CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED
                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON",
                "-DLLAMA_BUILD_SERVER=ON")
-BUILD_HINT = "build them with `python -m tandem.bench.llama_tools build` (about 10-20 min on 2 cores)"
+BUILD_HINT = "build them with `python -m tandem.bench.llama_tools build` (once; 20-60 min on 2 cores)"
 
 
 def cache_root() -> Path:

@@ -2,7 +2,8 @@
 llama.cpp as users run it, on the same GGUF file with the same thread count, in one sitting.
 
 The services: ``tandem up`` (verifier, drafter, gateway with its OpenAI HTTP API) and ``llama-server
--m FILE -t T --jinja`` (the GGUF's own chat template, as the gateway applies it), both started here;
+-m FILE -t T --jinja`` (the GGUF's own chat template, as the gateway applies it), both started here (llama-server's
+prompt cache off per request: each prompt is sent once per repeat);
 ``llama-bench -m FILE -t T -n 128 -p 0`` (decode only) run ``--llama-bench-runs`` times spread over
 the sitting. The same streamed ``/v1/chat/completions`` request (one user turn, ``max_tokens``,
 temperature 0) goes to llama-server and to the gateway's HTTP API; the gateway also answers it over
@@ -25,6 +26,7 @@ from pathlib import Path
 from tandem.bench import figures as F
 from tandem.bench import modes as M
 from tandem.bench.http_stream import chat_body, stream_chat
+from tandem.bench.llama_server import REQUEST_EXTRA
 
 LLAMA_SERVER = "llama-server"
 HTTP_PLAIN, HTTP_AUTO = "tandem-http-plain", "tandem-http-auto"
@@ -60,7 +62,7 @@ class Requests:
     def run(self, mode: str, prompt, repeat: int = 0, max_tokens: int | None = None) -> dict:
         base = {"mode": mode, "question_id": prompt.question_id, "category": prompt.category, "repeat": repeat}
         if mode == LLAMA_SERVER:
-            s = stream_chat(self.llama_url, self.body(prompt, max_tokens=max_tokens), self.settings.timeout_s)
+            s = stream_chat(self.llama_url, self.body(prompt, REQUEST_EXTRA, max_tokens), self.settings.timeout_s)
         elif mode in (HTTP_PLAIN, HTTP_AUTO):
             extra = {"no_speculation": True} if mode == HTTP_PLAIN else None
             s = stream_chat(self.tandem_url, self.body(prompt, extra, max_tokens), self.settings.timeout_s, self.token)

@@ -369,14 +369,17 @@ def test_versus_sitting_with_stand_in_llama_tools(tmp_path, questions_file, tiny
     cli, args = _bench_args("--versus", "--target", str(tiny_target_dir), "--drafter", str(tiny_target_export[0]),
                             "--questions", str(questions_file), "--split", "all", "--llama-bin-dir",
                             str(stand_in_bin), "--llama-bench-runs", "2", "--out", str(out))
+    args.repeats = 2                                        # the second repeat would find its prompt cached
     assert cli.run(args) == 0
     r = json.loads((out / "results.json").read_text())
     a = r["analysis"]
-    assert [b["at_step"] for b in r["llama_bench"]] == [0, 2]
+    assert [b["at_step"] for b in r["llama_bench"]] == [0, 4]
+    llama = [s for s in r["samples"] if s["mode"] == V.LLAMA_SERVER]
+    assert llama and all(s["timings"]["cache_n"] == 0 for s in llama)      # no prefill from the prompt cache
     assert a["llama_bench_decode_tps"] == llama_stand_ins.BENCH_TPS
     assert set(a["modes"]) == set(V.MODES) and not a["errors"] and not a["mismatches"]
     for m in V.MODES:
-        assert a["modes"][m]["prompts"] == 2
+        assert a["modes"][m]["prompts"] == 2 and len([s for s in r["samples"] if s["mode"] == m]) == 4
         assert a["modes"][m]["vs_llama_bench"] == pytest.approx(a["modes"][m]["decode_tps"] / 50.0)
     assert a["modes"][V.GRPC_AUTO]["rounds"]["tokens_per_round"] > 1          # every draft accepted
     assert a["modes"][V.HTTP_AUTO]["origins"].get("draft")
