@@ -179,11 +179,11 @@ class DrafterClient:
         await self.channel.close()
 
 
-class AheadUnsupported(DrafterUnavailable):
 CLOSE_WAIT_S = 5.0                  # a closed DraftAhead stream's time to finish before it is cancelled
 _CLOSING: set[asyncio.Future] = set()   # streams finishing in the background (referenced until done)
 
 
+class AheadUnsupported(DrafterUnavailable):
     """The drafter does not serve DraftAhead (an older drafter): the gateway asks it with Propose instead."""
 
 
