@@ -3,7 +3,7 @@
 ``--trace`` table (``round_table``) are all derived from the fields declared here, so a figure added
 to ``Round`` appears everywhere (the proto must declare a field of the same name: a test checks it).
 
-Terms (DESIGN.md): a round drafts a block of ``proposed`` tokens (``k`` asked for), the verifier keeps
+Terms (docs/DESIGN.md): a round drafts a block of ``proposed`` tokens (``k`` asked for), the verifier keeps
 ``accepted`` of them and emits one more token of its own: the recovered token at the first rejected
 position, or the bonus token when the whole block was accepted.
 """
@@ -20,7 +20,7 @@ def figure(default, header: str, width: int, fmt: str = "", *, table: bool = Tru
 
 @dataclass(frozen=True)
 class Round:
-    """One round's outcome: the tokens it emitted and the figures DESIGN.md asks for."""
+    """One round's outcome: the tokens it emitted and the figures docs/DESIGN.md asks for."""
 
     index: int = figure(0, "round", 5)                   # 0 is the prefill (first token), rounds count from 1
     k: int = figure(0, "k", 3)                           # draft length asked for (0: plain decoding)

@@ -1,6 +1,6 @@
 """The exactness rule of speculative decoding (Leviathan et al. 2023; Chen et al. 2023).
 
-Terms (DESIGN.md):
+Terms (docs/DESIGN.md):
   * draft block: k tokens x_1..x_k proposed by the drafter, x_i drawn from ``draft_probs`` q_i;
   * ``target_probs`` p_i: the target's warped distribution at draft position i (p_{k+1} is the
     distribution after the whole block);

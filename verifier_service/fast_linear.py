@@ -1,7 +1,7 @@
-"""A faster fp32 GEMM path for the target's linear layers on CPU (issue 14), chosen by measurement.
+"""A faster fp32 GEMM path for the target's linear layers on CPU, chosen by measurement.
 
 Why: MKL's sgemm (what ``F.linear`` calls) is pathological on some CPUs for the 2-16-row GEMMs of
-speculative verification (on the shared AMD EPYC: 2-3 rows cost 1.6-2x one row). oneDNN's inner
+speculative verification (on some CPUs 2-3 rows cost 1.6-2x one row: BENCHMARKS.md). oneDNN's inner
 product with the weight reordered ONCE into its blocked layout (``torch.ops.mkldnn._reorder_linear_weight``,
 what Inductor's freezing pass does for CPU linears) runs close to the memory-bandwidth floor at every
 width, and is 2x faster for prefill too.

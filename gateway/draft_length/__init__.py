@@ -1,6 +1,6 @@
 """The draft length k of every round, chosen from measured costs and acceptance.
 
-Speculation pays in tokens per millisecond, not in acceptance alone (DESIGN.md, "When speculation
+Speculation pays in tokens per millisecond, not in acceptance alone (docs/DESIGN.md, "When speculation
 pays"). Before each round an automatic policy picks the k in 0..budget that maximises
 
     E[tokens | k] / E[ms | k]
@@ -21,7 +21,7 @@ round trip to the drafter. The pieces, one module each (plain Python: no grpc, t
 - ``policy``: ``DraftLengthPolicy`` (``next_k`` before a round, ``observe`` after it) and its two
   implementations, ``PinnedDraftLength`` and ``AutoDraftLength``.
 
-Exactness (DESIGN.md's rule; Leviathan et al. 2023, Chen et al. 2023). The k of a round is a function
+Exactness (docs/DESIGN.md's rule; Leviathan et al. 2023, Chen et al. 2023). The k of a round is a function
 of figures already observed (past rounds' acceptances and timings, the lookup tokens available in the
 context) and never of the current block's target probabilities, which are unseen when k is fixed.
 So every round is a standard speculative-sampling step with a k fixed before verification: given

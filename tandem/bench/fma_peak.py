@@ -9,9 +9,7 @@ This builds a small C loop (12 independent AVX-512 FMA chains per thread, no mem
 system compiler, runs it on ``--threads`` OpenMP threads, and prints GFLOPS and that floor for the default
 target (SmolLM2-135M: 134.5 M multiply-adds a row, the tied head included). Needs cc, AVX-512 and Linux.
 
-Measured on the 2-core AMD EPYC (2026-12-01): 526 GFLOPS on 2 threads, 266 on 1: an extra row costs at
-least 0.51 ms on 2 threads, so 8 positions cost at least w1 + 7 * 0.51 ms (with the GGUF kernel's 4.5 ms
-width-1 step: 8.1 ms = 1.8x width 1, whatever the kernel).
+What it measured on this project's machines is in BENCHMARKS.md (the floor it sets on a verify block's cost).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The first hour: what the launcher says when something is wrong (issue 17). Each message is checked
+"""The first hour: what the launcher says when something is wrong. Each message is checked
 through the real `tandem` CLI (a subprocess, or tandem.cli.main with capsys): one line, the flag and the
 fix, no traceback; TLS mismatches between real processes on loopback."""
 

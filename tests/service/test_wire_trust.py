@@ -1,4 +1,4 @@
-"""Trust nothing on the wire (issue 16): a misbehaving drafter costs speed, never the request; the
+"""Trust nothing on the wire: a misbehaving drafter costs speed, never the request; the
 verifier refuses a q that cannot be the drafter's; sessions belong to their creator; every node bounds
 what it accepts and answers malformed messages with INVALID_ARGUMENT."""
 

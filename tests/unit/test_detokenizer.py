@@ -1,5 +1,5 @@
 """gateway.detokenizer: incremental text equals a full decode, never shows half a character, and costs the same
-per token at the end of a long generation as at the start (issue 13 item 5)."""
+per token at the end of a long generation as at the start."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def test_k_max_bounds_the_choice_and_zero_budget_is_plain():
 def test_expected_tokens():
     assert expected_tokens([]) == 1.0
     assert expected_tokens([0.5, 0.5]) == pytest.approx(1.75)
-    # constant acceptance: DESIGN.md's (1 - a^(k+1)) / (1 - a)
+    # constant acceptance: docs/DESIGN.md's (1 - a^(k+1)) / (1 - a)
     assert expected_tokens([0.7] * 5) == pytest.approx((1 - 0.7 ** 6) / 0.3)
 
 
