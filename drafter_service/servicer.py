@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 
 from drafter_service.ahead import AheadPath
-from tandem.convert import draft_to_pb, info_to_pb, sampling_from_pb
+from tandem.pb_convert import draft_to_pb, info_to_pb, sampling_from_pb
 from drafter_service.metrics import DrafterMetrics
 from tandem.pb import common_pb2, drafter_grpc, drafter_pb2
 from tandem.serving import abort_on_error, complete_or_undo

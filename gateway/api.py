@@ -8,7 +8,7 @@ import contextlib
 from gateway.clients import set_request_deadline
 from gateway.engine import Gateway, GenerateParams
 from gateway.stats import RequestStats
-from tandem.convert import round_to_pb, sampling_from_pb
+from tandem.pb_convert import round_to_pb, sampling_from_pb
 from tandem.pb import gateway_grpc, gateway_pb2
 
 

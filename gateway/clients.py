@@ -19,7 +19,7 @@ import grpc
 
 from gateway.ahead import DraftedPath
 from gateway.ports import DrafterLostSession, DrafterUnavailable
-from tandem.convert import draft_from_pb, draft_to_pb, info_from_pb, sampling_to_pb, target_info_from_pb
+from tandem.pb_convert import draft_from_pb, draft_to_pb, info_from_pb, sampling_to_pb, target_info_from_pb
 from tandem.errors import error_for_status
 from tandem.pb import common_pb2, drafter_grpc, drafter_pb2, verifier_grpc, verifier_pb2
 from tandem.serving import CHANNEL_OPTIONS

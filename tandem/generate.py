@@ -10,7 +10,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from tandem.pb import common_pb2, gateway_grpc, gateway_pb2
-from tandem.convert import round_from_pb
+from tandem.pb_convert import round_from_pb
 from tandem.flags import DEFAULT_HOST, DEFAULT_PORTS, address, draft_length, env, flag, security_flags
 from tandem.round_record import round_table as record_table
 from tandem.serving import CHANNEL_OPTIONS

@@ -1,5 +1,5 @@
 """One round's figures, written down once. The gateway's round loop fills a ``Round``; the wire message
-(``RoundStats``, via ``tandem.convert``), the round span's attributes (``gateway.tracing``) and the
+(``RoundStats``, via ``tandem.pb_convert``), the round span's attributes (``gateway.tracing``) and the
 ``--trace`` table (``round_table``) are all derived from the fields declared here, so a figure added
 to ``Round`` appears everywhere (the proto must declare a field of the same name: a test checks it).
 

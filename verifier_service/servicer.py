@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tandem.convert import draft_from_pb, sampling_from_pb, target_info_to_pb
+from tandem.pb_convert import draft_from_pb, sampling_from_pb, target_info_to_pb
 from verifier_service.metrics import VerifierMetrics
 from tandem.pb import common_pb2, verifier_grpc, verifier_pb2
 from tandem.serving import abort_on_error

@@ -175,7 +175,7 @@ PROBE = textwrap.dedent("""
     import tandem.pb
     from tandem.pb import PACKAGE_ROOT, generate          # the generator and the root need no stubs
     out = {"file": tandem.pb.__file__, "root": str(PACKAGE_ROOT)}
-    for stmt in ("from tandem.pb import drafter_pb2", "from tandem.pb import pb", "import tandem.convert"):
+    for stmt in ("from tandem.pb import drafter_pb2", "from tandem.pb import pb", "import tandem.pb_convert"):
         try:
             exec(stmt)
             out[stmt] = None
@@ -197,7 +197,7 @@ def test_importing_pb_without_stubs_raises_and_writes_nothing(tmp_path):
     assert probe.returncode == 0, probe.stdout + probe.stderr
     got = json.loads(probe.stdout.strip().splitlines()[-1])
     assert got["file"] == str(root / "tandem" / "pb.py"), got
-    for stmt in ("from tandem.pb import drafter_pb2", "from tandem.pb import pb", "import tandem.convert"):
+    for stmt in ("from tandem.pb import drafter_pb2", "from tandem.pb import pb", "import tandem.pb_convert"):
         assert got[stmt] and "tandem gen-protos" in got[stmt], (stmt, got[stmt])
     assert not got["protoc_loaded"]
     assert _tree(root) == before                      # no tandem/v1/, nothing else written

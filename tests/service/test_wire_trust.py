@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from harness import LoopThread
-from tandem.convert import info_to_pb
+from tandem.pb_convert import info_to_pb
 from tandem.pb import common_pb2, drafter_pb2, gateway_grpc, gateway_pb2
 from tandem.serving import start_service
 
@@ -28,7 +28,7 @@ class MisbehavingDrafter:
 
     async def Propose(self, request, context):
         self.calls += 1
-        from tandem.convert import draft_to_pb, sampling_from_pb
+        from tandem.pb_convert import draft_to_pb, sampling_from_pb
 
         if self.mode == "invalid_argument":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "drafter says no")

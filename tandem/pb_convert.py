@@ -1,5 +1,5 @@
-"""to_pb / from_pb for the types the services share. The only place domain <-> protobuf happens
-for common types; servicers and clients call these and nothing else."""
+"""Domain types <-> protobuf messages (to_pb / from_pb) for the types the services share. The only place
+domain <-> protobuf happens for common types; servicers and clients call these and nothing else."""
 
 from __future__ import annotations
 
