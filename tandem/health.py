@@ -120,7 +120,7 @@ def _starting(address: str) -> str | None:
     host, _, port = address.rpartition(":")
     if host.strip("[]") not in ("127.0.0.1", "localhost", "::1", "0.0.0.0") or not port.isdigit():
         return None
-    from tandem.up import starting_run
+    from tandem.up_logs import starting_run
 
     return starting_run(int(port))
 

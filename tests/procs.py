@@ -3,7 +3,7 @@ supervision tests (tests/e2e) and tests/e2e/bench_tracing_overhead.py: one ``Ser
 ``Services``, and a real OTLP/gRPC trace receiver (opentelemetry-proto's TraceService) to point them at.
 
 Every wait here is bounded in time; every process is stopped (TERM, then KILL) by ``close``. Health checks
-use ``tandem.up.wait_healthy``, the one ``tandem up`` itself waits with.
+use ``tandem.up_children.wait_healthy``, the one ``tandem up`` itself waits with.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import grpc
 
-from tandem.up import wait_healthy
+from tandem.up_children import wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -245,10 +245,10 @@ def test_a_childs_bind_failure_is_reported_clearly(tiny_long_target_dir, tiny_lo
 
 # ---- without processes -------------------------------------------------------------------------------
 def test_restart_backoff_doubles_to_30_s_and_resets_after_a_healthy_while(tmp_path, monkeypatch, capsys):
-    from tandem import up
+    from tandem import up_children
 
-    cluster = up.Cluster(tmp_path)
-    child = cluster.children["drafter"] = up.Child("drafter", [], 40000, "drafter")
+    cluster = up_children.Cluster(tmp_path)
+    child = cluster.children["drafter"] = up_children.Child("drafter", [], 40000, "drafter")
     spawned = []
     monkeypatch.setattr(cluster, "spawn", lambda name, args: spawned.append(name) or setattr(child, "restart_at", None))
     dead = SimpleNamespace(poll=lambda: -9, returncode=-9)
@@ -263,25 +263,25 @@ def test_restart_backoff_doubles_to_30_s_and_resets_after_a_healthy_while(tmp_pa
     assert "drafter exited with code -9; restarting in 16 s (log: " in capsys.readouterr().err
 
     child.proc, child.healthy_since = SimpleNamespace(poll=lambda: None), now
-    cluster._watch(child, now + up.RESTART_RESET_S - 1)
+    cluster._watch(child, now + up_children.RESTART_RESET_S - 1)
     assert child.backoff == 30
-    cluster._watch(child, now + up.RESTART_RESET_S)
-    assert child.backoff == up.RESTART_FIRST_S
+    cluster._watch(child, now + up_children.RESTART_RESET_S)
+    assert child.backoff == up_children.RESTART_FIRST_S
 
     child.proc = SimpleNamespace(poll=lambda: 0, returncode=0)         # stopped on purpose: not restarted
     assert cluster._watch(child, now) is None and child.stopped and child.restart_at is None
-    gateway = cluster.children["gateway"] = up.Child("gateway", [], 50051, "gateway",
+    gateway = cluster.children["gateway"] = up_children.Child("gateway", [], 50051, "gateway",
                                                     proc=SimpleNamespace(poll=lambda: 0, returncode=0))
     assert cluster._watch(gateway, now) == 0                          # nothing left to serve: up stops
 
 
 def test_old_log_folders_are_removed_but_the_last_five_and_those_in_use(tmp_path):
-    from tandem import up
+    from tandem import up_logs
 
     now = time.time()
     folders = []
     for i in range(9):                                   # i hours old; the last three two days old
-        folder = tmp_path / f"{up.LOG_PREFIX}{i}"
+        folder = tmp_path / f"{up_logs.LOG_PREFIX}{i}"
         folder.mkdir()
         (folder / "gateway.log").write_text("x")
         if i == 8:
@@ -294,6 +294,6 @@ def test_old_log_folders_are_removed_but_the_last_five_and_those_in_use(tmp_path
         folders.append(folder)
     (tmp_path / "unrelated").mkdir()
 
-    removed = up.clean_log_dirs(tmp_path, now=now)
+    removed = up_logs.clean_log_dirs(tmp_path, now=now)
     assert sorted(removed) == sorted(folders[5:8])
     assert all(f.exists() for f in folders[:5]) and folders[8].exists() and (tmp_path / "unrelated").exists()

@@ -8,7 +8,8 @@ import sys
 import grpc
 
 from tandem.health import explain
-from tandem.up import Child, Cluster, starting_run, write_starting
+from tandem.up_children import Child, Cluster
+from tandem.up_logs import starting_run, write_starting
 
 
 def free_port() -> int:
