@@ -96,7 +96,8 @@ async def run(args) -> int:
                                     drafter_timeout_s=args.drafter_timeout, verifier_timeout_s=args.verifier_timeout)
     http = None
     if args.http_port is not None and args.http_port >= 0:        # before gRPC: a port in use fails cleanly
-        from gateway.http_api import build_app, serve_http
+        from gateway.http_api import build_app
+        from gateway.http_server import serve_http
         from tandem import security
 
         sec = security.default()

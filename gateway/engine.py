@@ -265,10 +265,14 @@ class Gateway:
         if params.chat:
             if not self.tokenizer.chat_template:
                 raise InvalidInput("the target has no chat template; send the prompt without --chat", param="chat")
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": params.prompt}],
-                                                      add_generation_prompt=True, tokenize=False)
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            return self.chat_prompt_ids([{"role": "user", "content": params.prompt}])
         return self.tokenizer(params.prompt)["input_ids"]
+
+    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
+        """Messages in the target's chat template, the assistant's turn opened, as ids (blocking; the caller checks
+        there is a template). The one place a chat is templated: gRPC's ``chat`` prompt, HTTP's messages."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def validate(self, params: GenerateParams, prompt_ids: list[int]) -> int:
         """Checks the request (InvalidInput naming the field); returns the pinned draft length (0: auto)."""

@@ -2,8 +2,8 @@
 
 ``parse_chat`` / ``parse_completion`` turn a JSON body into a ``Parsed`` request (or raise ``ApiError``
 with OpenAI's error shape); ``StopCutter`` cuts the text at the first stop string, also across stream
-chunks; ``TokenPieces`` gives each emitted token its text and origin (draft, lookup, target) for the
-``tandem`` extension.
+chunks; ``PieceCutter`` does the same over per-token pieces (each token's text and origin: draft, lookup,
+target) for the ``tandem`` extension.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ PROMPT = "w1 w5 w9 w20"
 @pytest.fixture(scope="module")
 def page_url(tiny_target_dir, tiny_drafter_onnx):
     from drafter_service.onnx_drafter import OnnxDrafter
-    from gateway.http_api import build_app, serve_http
+    from gateway.http_api import build_app
+    from gateway.http_server import serve_http
     from verifier_service.target import Target
 
     stack = Stack(Target.load(str(tiny_target_dir)), OnnxDrafter(tiny_drafter_onnx, threads=1), draft_length=3)

@@ -36,7 +36,8 @@ def http_examples() -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def gateway_on_8080(tiny_target_dir, tiny_drafter_onnx):
     from drafter_service.onnx_drafter import OnnxDrafter
-    from gateway.http_api import build_app, serve_http
+    from gateway.http_api import build_app
+    from gateway.http_server import serve_http
     from verifier_service.target import Target
 
     with socket.socket() as probe:

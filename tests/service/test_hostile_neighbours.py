@@ -52,7 +52,8 @@ class RecordingTokenizer:
 @pytest.fixture(scope="module")
 def stack(tiny_target_dir, tiny_drafter_onnx):
     from drafter_service.onnx_drafter import OnnxDrafter
-    from gateway.http_api import build_app, serve_http
+    from gateway.http_api import build_app
+    from gateway.http_server import serve_http
     from verifier_service.target import Target
 
     s = Stack(Target.load(str(tiny_target_dir)), OnnxDrafter(tiny_drafter_onnx, threads=1), draft_length=3)

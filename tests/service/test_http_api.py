@@ -49,7 +49,8 @@ class HttpStack:
         self.url = self.serve(token)
 
     def serve(self, token):
-        from gateway.http_api import build_app, serve_http
+        from gateway.http_api import build_app
+        from gateway.http_server import serve_http
 
         handle = self.stack.lt.run(serve_http(build_app(self.gateway, token=token, model_name=MODEL)))
         self.handles.append(handle)
