@@ -21,10 +21,20 @@ and every other op is row-independent (the GEMMs: the C kernel on blocks or oneD
 row-wise norms, rope, activations), so row i of a verify block is bit-identical to the plain step that
 would have computed it: greedy speculative output equals plain decoding exactly. Prefill chunks (more
 rows) use one masked SDPA call per layer and a compute-bound GEMM.
+
+``forward_blocks`` runs several sessions' blocks as ONE forward: the GEMMs over all their rows at once (the
+weights are read once for every session), and per block, rope and the KV store at its own positions into
+its own cache and attention over its own cache, with the code ``forward`` runs for that block alone. As
+every op is row-independent, each session's logits are bit-identical to its forward alone, whoever shares
+the forward, while the rows together stay within ``max_exact_rows`` (the GEMM kernel's exact-rows bound).
+The C kernels on GGUF blocks are row-independent by construction; fp32 weights (oneDNN, MKL) are probed
+(``batching_note``): oneDNN runs small row counts through other kernels on some shapes, and then a row's
+result would depend on how many rows share its GEMM, so sessions are not batched.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,9 +46,10 @@ from verifier_service import fast_linear
 from verifier_service.architecture import DecoderSpec
 from verifier_service.kv_cache import StaticKVCache
 from verifier_service.ops import TorchOps, rope_inv_freq, rope_tables
-from verifier_service.weights import Weight
+from verifier_service.weights import WIDE_ROWS, DenseWeight, Weight
 
-ROW_BY_ROW_MAX = 32           # blocks up to this many rows attend row by row (exact rows)
+ROW_BY_ROW_MAX = WIDE_ROWS    # blocks up to this many rows attend row by row (exact rows): a whole verify block
+BATCH_PROBE_ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 24)   # row counts compared with max_exact_rows
 
 
 @dataclass
@@ -135,10 +146,40 @@ class Decoder:
         if any(isinstance(m, (nn.Linear, fast_linear.FastLinear)) for m in self.linears.modules()):
             self.gemm, self.gemm_note, self.gemm_choice = fast_linear.configure(self.linears, gemm, widths)
 
+    @functools.cached_property
+    def batching_note(self) -> str:
+        """'' when blocks of several sessions may share a forward exactly (``forward_blocks``): exact rows, and
+        every fp32 weight's rows the same at every row count up to ``max_exact_rows`` (probed once on random
+        inputs); else why not."""
+        if not self.exact_rows:
+            return "rows not exact (--exact-rows off)"
+        dense = {}
+        for weight in self.weights.linears():
+            for part in getattr(weight, "parts", [weight]):
+                if isinstance(part, DenseWeight):
+                    dense.setdefault((part.out, part.inner), part)
+        gen = torch.Generator().manual_seed(0)
+        top = self.max_exact_rows
+        with torch.inference_mode():
+            for weight in dense.values():
+                x = torch.randn(top, weight.inner, generator=gen)
+                full = weight.matmul(x)
+                for rows in BATCH_PROBE_ROWS:
+                    if rows < top and not torch.equal(weight.matmul(x[:rows].contiguous()), full[:rows]):
+                        return (f"the fp32 GEMM of a [{weight.out}, {weight.inner}] weight gives {rows} rows other "
+                                f"values than {top}")
+        return ""
+
     @property
     def rows_independent(self) -> bool:
         """True when a row's logits cannot depend on the block width (one GEMM kernel at every width, exact rows)."""
         return self.exact_rows and (self.gemm_choice is None or self.gemm_choice.uniform)
+
+    @property
+    def max_exact_rows(self) -> int:
+        """The most rows one forward may hold with every row computed as it would be alone: the row-by-row
+        attention bound and the GGUF block kernel's (wider inputs dequantize and run torch's GEMM)."""
+        return min(ROW_BY_ROW_MAX, WIDE_ROWS)
 
     @property
     def max_length(self) -> int:
@@ -160,26 +201,46 @@ class Decoder:
     def forward(self, cache: StaticKVCache, input_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
         """Feeds ``input_ids`` after the cache's ``length`` positions, appends their K/V, and returns logits
         [len(input_ids), vocab] (``last_only``: [1, vocab], the last row)."""
+        return self._forward([(cache, input_ids)], last_only)[0]
+
+    @torch.inference_mode()
+    def forward_blocks(self, blocks: Sequence[tuple[StaticKVCache, Sequence[int]]]) -> list[torch.Tensor]:
+        """Several sessions' blocks in one forward: each ``(cache, input_ids)`` is fed after its own cache's
+        ``length`` positions (its K/V appended there); returns each block's logits [len(input_ids), vocab],
+        bit-identical to ``forward(cache, input_ids)`` alone while the rows together are at most
+        ``max_exact_rows`` (see the module docstring)."""
+        if len({id(cache) for cache, _ in blocks}) != len(blocks):
+            raise ValueError("one block per cache in a forward")
+        return self._forward(blocks, False)
+
+    def _forward(self, blocks: Sequence[tuple[StaticKVCache, Sequence[int]]], last_only: bool) -> list[torch.Tensor]:
         s, w, ops = self.spec, self.weights, self.ops
-        n, start = len(input_ids), cache.length
-        cache.reserve(start + n)
-        self.rope.extend(start + n)
-        ids = torch.as_tensor(list(input_ids), dtype=torch.long)
-        x = w.embed.rows(ids)                                                        # [n, hidden]
+        segments = []                           # (cache, first position, first row, rows, attention) a block
+        row = 0
+        for cache, input_ids in blocks:
+            n, start = len(input_ids), cache.length
+            cache.reserve(start + n)
+            self.rope.extend(start + n)
+            segments.append((cache, start, row, n, ops.attend_rows if self._row_by_row(n) else ops.attend_block))
+            row += n
+        ids = torch.as_tensor([t for _, input_ids in blocks for t in input_ids], dtype=torch.long)
+        x = w.embed.rows(ids)                                                        # [rows, hidden]
         if s.embed_scale != 1.0:
             x = x * torch.tensor(s.embed_scale, dtype=torch.float32)
         x = x.contiguous()
         h = torch.empty_like(x)
         ops.add_rms_norm(x, None, w.layers[0].attn_norm, s.norm_eps, h)
-        attend = ops.attend_rows if self._row_by_row(n) else ops.attend_block
         for i, layer in enumerate(w.layers):
-            qkv = layer.qkv.matmul(h)                                               # [n, (H + 2 KV) D]
+            qkv = layer.qkv.matmul(h)                                               # [rows, (H + 2 KV) D]
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
-            cos, sin = self.rope(i, start, n)
-            q = ops.rope_store(qkv, s.heads, s.kv_heads, s.head_dim, cos, sin, s.rope_layout, cache.kv[i], start,
-                               layer.q_norm, layer.k_norm, s.norm_eps)             # [n, H, D]
-            o = layer.o.matmul(attend(q, cache.kv[i], start, s.scale, s.windows[i]))
+            attended = []
+            for cache, start, first, n, attend in segments:        # each block over its own cache
+                cos, sin = self.rope(i, start, n)
+                q = ops.rope_store(qkv[first:first + n], s.heads, s.kv_heads, s.head_dim, cos, sin, s.rope_layout,
+                                   cache.kv[i], start, layer.q_norm, layer.k_norm, s.norm_eps)      # [n, H, D]
+                attended.append(attend(q, cache.kv[i], start, s.scale, s.windows[i]))            # [n, H D]
+            o = layer.o.matmul(attended[0] if len(attended) == 1 else torch.cat(attended))
             if layer.post_attn_norm is not None:
                 o = ops.rms_norm(o, layer.post_attn_norm, s.norm_eps)
             ops.add_rms_norm(x, o, layer.ffn_norm, s.norm_eps, h)                   # x += o; h = norm(x)
@@ -188,8 +249,12 @@ class Decoder:
                 down = ops.rms_norm(down, layer.post_ffn_norm, s.norm_eps)
             following = w.layers[i + 1].attn_norm if i + 1 < len(w.layers) else w.final_norm
             ops.add_rms_norm(x, down, following, s.norm_eps, h)                     # x += down; h = norm(x)
-        cache.length = start + n
-        return w.head.matmul(h[-1:] if last_only else h)
+        for cache, start, _, n, _ in segments:
+            cache.length = start + n
+        if last_only:
+            return [w.head.matmul(h[-1:])]
+        logits = w.head.matmul(h)
+        return [logits[first:first + n] for _, _, first, n, _ in segments]
 
     def time_linears(self, widths: Sequence[int], repeats: int = 3) -> dict[int, float]:
         """Median ms of all linears at each width (random inputs)."""

@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 DEFAULT_WIDTHS = tuple(range(1, 10))     # block widths served: k + 1 for k = 0..8
 DEFAULT_PREFILL_CHUNK = 256
 DEFAULT_MAX_BATCH_ROWS = 32              # rows of all sessions' blocks in one verify forward
+MAX_BATCH_SESSIONS = 64                  # sessions in one verify forward
 GGUF = "gguf"                            # gemm: the GGUF file's blocks (what the fast path always runs)
 
 
@@ -152,6 +153,11 @@ class Target:
                                                                  size_of=TargetSession.kv_bytes)
         self.prefill_chunk = int(prefill_chunk or 0)
         self.max_block = int(max_block)
+        exact_bound = getattr(self.decoder, "max_exact_rows", None) if exact_rows else None
+        if exact_bound is not None and self.max_block + 1 > exact_bound:
+            raise ValueError(f"--max-block {self.max_block}: a block of more than {exact_bound - 1} drafts would "
+                             f"not be computed as plain steps compute its rows; use --max-block {exact_bound - 1} "
+                             "or less")
         if self.decoder is not None:
             d = self.decoder
             self.gemm, self.gemm_note, self.gemm_choice = d.gemm, d.gemm_note, d.gemm_choice
@@ -170,8 +176,15 @@ class Target:
         self._cost_table: dict[int, float] = {}
         # Forwards and the acceptance rule run on the one torch thread (verifier_service.torch_thread: why),
         # one forward at a time, chosen by the scheduler.
-        self.scheduler = Scheduler(self, prefill_chunk=self.prefill_chunk, max_batch_rows=max_batch_rows,
-                                   max_batch_sessions=1, batch_wait_ms=batch_wait_ms)
+        # One forward holds the blocks of many sessions where the decoder computes each row as it would alone
+        # (within its exact-rows bound); otherwise (transformers' forward, a GEMM whose rows depend on the row
+        # count) one session a forward.
+        self.batching_note = "transformers' forward" if self.decoder is None else self.decoder.batching_note
+        batched = not self.batching_note and int(max_batch_rows) > 1
+        self.max_batch_rows = max(1, min(int(max_batch_rows), self.decoder.max_exact_rows if self.decoder else 1 << 30))
+        self.scheduler = Scheduler(self, prefill_chunk=self.prefill_chunk, max_batch_rows=self.max_batch_rows,
+                                   max_batch_sessions=MAX_BATCH_SESSIONS if batched else 1,
+                                   batch_wait_ms=batch_wait_ms)
         self.setup_s = time.perf_counter() - t_setup       # packing + GEMM measurement (+ merging weights)
         self.phases["packing"] = self.setup_s
         t_warm = time.perf_counter()
@@ -203,7 +216,11 @@ class Target:
     def startup_line(self) -> str:
         """What runs the target and why, and how long each loading phase took."""
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items())
-        return f"{self.path}; GEMMs {self.gemm} ({self.gemm_note}), attention {self.attention} ({phases})"
+        batching = (f"sessions batched, up to {self.max_batch_rows} rows a forward"
+                    if self.scheduler.max_batch_sessions > 1 else
+                    f"one session a forward ({self.batching_note or 'max batch rows 1'})")
+        return (f"{self.path}; GEMMs {self.gemm} ({self.gemm_note}), attention {self.attention}, {batching} "
+                f"({phases})")
 
     def _setup_gemm(self, gemm: str) -> tuple[str, str]:
         """Installs the GEMM path on transformers' modules; returns (mode in use, why)."""
@@ -306,7 +323,10 @@ class Target:
         return out.logits[0].float()                                                     # [n, V]
 
     def _forward_blocks(self, blocks: list[tuple[TargetSession, list[int]]]) -> list[torch.Tensor]:
-        """One forward over every session's block (its rows after its own cache); logits [n_i, V] each."""
+        """One forward over every session's block (its rows after its own cache); logits [n_i, V] each. Without
+        the decoder (transformers' forward) the scheduler sends one block at a time."""
+        if self.decoder is not None:
+            return self.decoder.forward_blocks([(session.cache, ids) for session, ids in blocks])
         return [self._forward_now(session, ids, False) for session, ids in blocks]
 
     def _choose(self, session: TargetSession, logits: torch.Tensor, draft: Sequence[DraftToken]):
@@ -363,7 +383,7 @@ class Target:
             keep = base                                   # on any failure: the cache as it was
             try:
                 session.in_flight = len(work.draft) + 1   # the block's rows: not the session's length yet
-                result = self._choose_now(session, block_logits, work.draft)
+                result = self._choose(session, block_logits, work.draft)
                 keep = base + 1 + result.accepted         # pending + the accepted drafts
             except BaseException as exc:
                 session.rollback(keep)
@@ -393,7 +413,7 @@ class Target:
             work.done += len(ids)
             work.chunks += 1
             if work.done >= len(prompt):
-                session.pending_token = self._choose_now(session, logits, []).next_token
+                session.pending_token = self._choose(session, logits, []).next_token
                 _settle(work.future, session.pending_token)
         except BaseException as exc:
             _settle(work.future, error=exc)

@@ -26,7 +26,8 @@ from torch import nn
 
 from verifier_service import native
 
-WIDE_ROWS = 32                 # more rows than this: dequantize-and-GEMM (see the module docstring)
+WIDE_ROWS = 33                 # more rows than this: dequantize-and-GEMM (see the module docstring); 33 holds
+                               # the longest verify block: 32 drafts (--max-block's default) + the pending row
 CHUNK_WEIGHTS = 1 << 22        # weights dequantized at a time on that path (16 MB of fp32 scratch)
 
 

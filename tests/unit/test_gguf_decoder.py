@@ -79,6 +79,24 @@ def test_rows_bit_identical_across_widths(tiny_files, arch, backend):
             assert torch.equal(rows[i], plain[i]), (arch, backend, width, i)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_longest_verify_block_is_exact(tiny_files, backend):
+    """A block of --max-block's default 32 drafts plus the pending row (33 rows) is still computed row by
+    row: each row equals the plain step for that token. A verifier asked for longer blocks than its exact
+    rows cover refuses to start, naming the flag."""
+    decoder = decoder_of(tiny_files["llama"], backend)
+    seq = (SEQ * 3)[:45]
+    base, width = 12, 33
+    assert decoder.max_exact_rows >= width
+    plain = logits(decoder, seq, list(range(base, len(seq))))[base:base + width]
+    cache = decoder.new_cache()
+    decoder.forward(cache, seq[:base])
+    rows = decoder.forward(cache, seq[base:base + width])
+    assert all(torch.equal(rows[i], plain[i]) for i in range(width))
+    with pytest.raises(ValueError, match="--max-block"):
+        tiny_target(tiny_files["llama"], max_block=decoder.max_exact_rows)
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_files):
     """transformers' forward (its own GGUF loader: fp32 dequantized weights) of each tiny file over SEQ."""

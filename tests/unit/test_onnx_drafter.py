@@ -19,6 +19,7 @@ from tandem.types import SamplingParams
 
 PROMPT = [1, 12, 40, 7, 33, 5, 60, 21]
 SAMPLED = SamplingParams(temperature=1.0, top_p=0.95, seed=7)
+UNSEEDED = SamplingParams(temperature=1.0, top_p=0.95)
 
 
 @pytest.fixture
@@ -79,19 +80,21 @@ def test_accepting_every_draft_reuses_the_cache(drafter):
 
 
 def test_sampled_support_and_reproducibility(drafter):
-    p = drafter.propose("x", 0, PROMPT, 5, SAMPLED)
-    assert len(p.tokens) == 5
-    for t in p.tokens:
+    s = drafter.propose("s", 0, PROMPT, 5, UNSEEDED)       # rejection sampling reads q: each token carries it
+    assert len(s.tokens) == 5
+    for t in s.tokens:
         assert 1 <= len(t.support_ids) <= 16 and len(t.support_ids) == len(t.support_probs)
         assert t.token_id in t.support_ids
         assert abs(sum(t.support_probs) - 1.0) < 1e-5
         assert all(q > 0 for q in t.support_probs) and list(t.support_probs) == sorted(t.support_probs, reverse=True)
         assert all(0 <= i < 64 for i in t.support_ids)
         np.float32(t.support_probs[0])  # float32 values, as sent
+    r = drafter.propose("z", 0, PROMPT, 5, SamplingParams(temperature=1.0, top_p=0.95))
+    assert r.tokens[0].support_probs == s.tokens[0].support_probs  # q depends on the context only
+    p = drafter.propose("x", 0, PROMPT, 5, SAMPLED)       # seeded (coupled): ids only, q never read
+    assert len(p.tokens) == 5 and not any(t.support_ids or t.support_probs for t in p.tokens)
     q = drafter.propose("y", 0, PROMPT, 5, SAMPLED)
     assert q.tokens == p.tokens                       # same seed, same context: same block and same q
-    r = drafter.propose("z", 0, PROMPT, 5, SamplingParams(temperature=1.0, top_p=0.95, seed=8))
-    assert r.tokens[0].support_probs == p.tokens[0].support_probs  # q depends on the context only
     later = [drafter.propose("x", len(PROMPT), [], 5, SAMPLED).token_ids for _ in range(4)]
     assert all(t == p.token_ids for t in later)        # seeded (coupled): a function of the seed and the positions
     unseeded = SamplingParams(temperature=1.0, top_p=0.95)
@@ -233,7 +236,7 @@ def test_confidence_stop_ends_the_block_before_an_unsure_token(drafter, tiny_dra
     assert short == full[:1]
     nxt = drafter.propose("s", len(PROMPT), short + [17], 3).token_ids
     assert nxt == drafter.propose("fresh", 0, PROMPT + short + [17], 3).token_ids
-    sampled = drafter.propose("x", 0, PROMPT, 5, SAMPLED, min_confidence=1.0)
+    sampled = drafter.propose("x", 0, PROMPT, 5, UNSEEDED, min_confidence=1.0)
     assert len(sampled.tokens) == 1 and sampled.tokens[0].support_ids
     with pytest.raises(ValueError, match="min_confidence"):
         drafter.propose("s", 0, PROMPT, 2, SamplingParams(), min_confidence=1.5)

@@ -185,8 +185,10 @@ def test_global_scope_learns_the_traffic_it_serves():
     p = d.propose("b", 0, [9, 2, 3, 50, 51, 52], 4)                    # b's context continues a's text
     assert p.token_ids == [53, 54, 55, 56]
     assert all(t.from_lookup and t.origin == "suffix" and not t.support_ids for t in p.tokens)
-    s = d.propose("c", 0, [9, 2, 3, 50, 51, 52], 2, SamplingParams(temperature=0.8, seed=3))
+    s = d.propose("c", 0, [9, 2, 3, 50, 51, 52], 2, SamplingParams(temperature=0.8))    # q = 1: a copy
     assert [(t.token_id, t.support_ids, t.support_probs) for t in s.tokens] == [(53, (53,), (1.0,)), (54, (54,), (1.0,))]
+    c = d.propose("e", 0, [9, 2, 3, 50, 51, 52], 2, SamplingParams(temperature=0.8, seed=3))  # coupled: no q
+    assert [(t.token_id, t.support_ids) for t in c.tokens] == [(53, ()), (54, ())]
     # a session in flight is drafted from too
     d.propose("live", 0, [7, 7, 60, 61, 62, 63, 64], 4)
     assert d.propose("d", 0, [5, 60, 61, 62], 4).token_ids == [63, 64]
