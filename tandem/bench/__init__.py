@@ -10,11 +10,13 @@ How a run goes (``tandem.bench.runner``):
    applied; by default the benchmark split (``question_id % 4 != 0``; the other quarter trains the
    distilled drafter).
 3. Modes (``tandem.bench.modes``): baseline (plain decoding through the verifier), ``auto`` (the
-   gateway's automatic draft length, the default speculative mode), the fixed-k sweep, adaptive, the
-   HF transformers pair and the llama.cpp pair (``tandem.bench.llama_peer``, optional extra
-   ``tandem-spec[llama]``; skipped with one line when ``llama_cpp`` is absent).
-   Warm-up: a short priming request, then one untimed request per mode; the warm-up times give the
-   plan's projection, and modes that would not fit ``--time-budget`` are skipped (said loudly).
+   gateway's automatic draft length, the default speculative mode), the fixed-k sweep, adaptive
+   (all through ``tandem.bench.gateway_runner``), the HF transformers pair (``tandem.bench.hf_peer``)
+   and the llama.cpp pair (``tandem.bench.llama_peer``, optional extra ``tandem-spec[llama]``;
+   skipped with one line when ``llama_cpp`` is absent).
+   Warm-up (``tandem.bench.plan``): a short priming request, then one untimed request per mode; the
+   warm-up times give the plan's projection, and modes that would not fit ``--time-budget`` are
+   skipped (said loudly).
 4. Timed phase: for each repeat, for each prompt, every mode in turn (interleaved, so drift in the
    machine's load hits all modes alike).
 5. Analysis (``tandem.bench.analysis``: auto vs the best fixed k and plain, auto's rounds per k,

@@ -223,7 +223,8 @@ def log(msg: str) -> None:
 
 def _workload(args):
     """(prompts, their interleaved run order, the output folder (made), the request settings)."""
-    from tandem.bench.runner import Settings, default_out_dir
+    from tandem.bench.runner import default_out_dir
+    from tandem.bench.settings import Settings
     from tandem.bench.workload import interleave_by_category, load_questions
 
     prompts = load_questions(args.questions, split=args.split, categories=args.categories_list,

@@ -164,7 +164,7 @@ def analyze_concurrency(results: dict) -> dict:
 
 
 def markdown_concurrency(results: dict) -> str:
-    from tandem.bench.report import _table
+    from tandem.bench.tables import table
     from tandem.bench.versus import _f
 
     cpu = results["environment"].get("cpu_label") or results["environment"].get("cpu", "?")
@@ -188,8 +188,8 @@ def markdown_concurrency(results: dict) -> str:
                          _f(f.get("itl_p50_ms"), "{:.1f}"), _f(f.get("itl_p95_ms"), "{:.1f}"),
                          _f(f.get("tpot_p50_ms"), "{:.1f}"), _f(f.get("tpot_p95_ms"), "{:.1f}"),
                          _f(f.get("ttft_p50_ms"), "{:.0f}"), _f(f.get("ttft_p95_ms"), "{:.0f}"), cpu])
-    L += _table(["clients", "system", "requests", "aggregate tok/s", "vs llama-server", "ITL p50 ms", "ITL p95 ms",
-                 "TPOT p50 ms", "TPOT p95 ms", "TTFT p50 ms", "TTFT p95 ms", "CPU"], rows)
+    L += table(["clients", "system", "requests", "aggregate tok/s", "vs llama-server", "ITL p50 ms", "ITL p95 ms",
+                "TPOT p50 ms", "TPOT p95 ms", "TTFT p50 ms", "TTFT p95 ms", "CPU"], rows)
     L.append("")
     L.append("ITL: inter-token latency, each streamed chunk's gap spread over its tokens, over all tokens of the level; "
              "TPOT: a request's time per output token after the first; llama-server runs with `--parallel N` "

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 from tandem.bench import modes as M
+from tandem.bench.settings import base_sample
+from tandem.bench.workload import chat_prompt_ids
 
 INSTALL_HINT = "pip install 'tandem-spec[llama]' (llama-cpp-python>=0.3)"
 
@@ -116,7 +118,7 @@ class LlamaCppRunner:
         return self._ids_cache[prompt.question_id]
 
     def run(self, mode: M.Mode, prompt, settings, repeat: int = 0, max_tokens: int | None = None) -> dict:
-        sample = {"mode": mode.name, "question_id": prompt.question_id, "category": prompt.category, "repeat": repeat}
+        sample = base_sample(mode, prompt, repeat)
         llm = self.llms.get(mode.name)
         if llm is None:
             sample["error"] = f"{mode.name}: not loaded"
@@ -152,13 +154,6 @@ class LlamaCppRunner:
                       finish_reason="stop" if new and new[-1] in self.eos else "length", token_ids=new,
                       text=self.tokenizer.decode(new, skip_special_tokens=True))
         return sample
-
-
-def chat_prompt_ids(tokenizer, text: str) -> list[int]:
-    """The chat template applied exactly as the gateway does it (text, then tokens, no specials)."""
-    templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                              tokenize=False)
-    return tokenizer(templated, add_special_tokens=False)["input_ids"]
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -4,7 +4,7 @@
   Tandem speedup.
 * ``auto``: speculative decoding with the gateway's automatic draft length (``draft_length = 0``:
   each round's k, 0 = a plain step, maximises expected tokens per ms from measured costs;
-  ``gateway/draft_length.py``). The bench's default speculative mode: first after the baseline.
+  ``gateway/draft_length/``). The bench's default speculative mode: first after the baseline.
 * ``k=N``: speculative decoding through the gateway with a fixed (pinned) draft length N: the sweep
   auto is compared with.
 * ``adaptive``: an adaptive draft length: up to ``--adaptive-k`` tokens a round, the drafter ending a

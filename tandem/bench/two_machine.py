@@ -75,7 +75,8 @@ def start_relay(to: str, delay_ms: float, cpus: str | None, log_dir: Path) -> tu
 
 def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print) -> dict:
     from tandem.bench.environment import environment
-    from tandem.bench.runner import GatewayRunner, _progress, fetch_info
+    from tandem.bench.gateway_runner import GatewayRunner, fetch_info
+    from tandem.bench.runner import progress_bar
     from tandem.up import Cluster
 
     v_cpus, d_cpus = args.verifier_cpus or "0", args.drafter_cpus or "1"
@@ -141,7 +142,7 @@ def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print
                 raise RuntimeError(f"warm-up request in mode {name} failed: {w['error']}")
         samples = []
         steps = [(r, p) for r in range(args.repeats) for p in run_order]
-        bar = _progress(len(steps) * len(modes), "two-machine", getattr(args, "progress", True))
+        bar = progress_bar(len(steps) * len(modes), "two-machine", getattr(args, "progress", True))
         for repeat, prompt in steps:
             for name in modes:
                 bar.set_postfix_str(f"r{repeat + 1} q{prompt.question_id} {name}")
@@ -215,7 +216,7 @@ def analyze_two_machine(results: dict) -> dict:
 
 
 def markdown_two_machine(results: dict) -> str:
-    from tandem.bench.report import _table
+    from tandem.bench.tables import table
     from tandem.bench.versus import _f
 
     a = results["analysis"]
@@ -244,8 +245,8 @@ def markdown_two_machine(results: dict) -> str:
                               if share.get(k)) or "–",
                      f"draft {sum(acc.get(k, 0) for k in DRAFTED)}, lookup {acc.get('copy', 0)}, "
                      f"target {src['target_tokens']}", cpu])
-    L += _table(["mode", "prompts", "tok/s", "vs plain", "vs lookup-only", "decode tok/s", "hit rate",
-                 "rounds by block source", "tokens by origin", "CPU"], rows)
+    L += table(["mode", "prompts", "tok/s", "vs plain", "vs lookup-only", "decode tok/s", "hit rate",
+                "rounds by block source", "tokens by origin", "CPU"], rows)
     L.append("")
     L.append("tok/s: new tokens / request wall time (prefill included); decode tok/s leaves out the first token's wait. "
              "Hit rate: rounds whose drafter block was ready when the round began (`ahead`) / rounds with a drafter "

@@ -79,7 +79,8 @@ def run_versus(args, prompts, run_order, settings, out_dir: Path, log=print) -> 
     from tandem.bench.environment import environment
     from tandem.bench.llama_server import LlamaServer, llama_bench
     from tandem.bench.llama_tools import find_tools, missing_message
-    from tandem.bench.runner import GatewayRunner, _progress, fetch_info, start_services
+    from tandem.bench.gateway_runner import GatewayRunner, fetch_info
+    from tandem.bench.runner import progress_bar, start_services
     from tandem.security import default as default_security
 
     tools = find_tools(getattr(args, "llama_bin_dir", None))
@@ -129,7 +130,7 @@ def run_versus(args, prompts, run_order, settings, out_dir: Path, log=print) -> 
                 if "error" in b:
                     log(f"[versus] llama-bench failed: {b['error']}")
 
-            bar = _progress(len(steps) * len(MODES), "versus", getattr(args, "progress", True))
+            bar = progress_bar(len(steps) * len(MODES), "versus", getattr(args, "progress", True))
             for i, (repeat, prompt) in enumerate(steps):
                 if i in at:
                     run_llama_bench(i)
@@ -195,7 +196,7 @@ def _f(x, fmt="{:.2f}") -> str:
 
 
 def markdown_versus(results: dict) -> str:
-    from tandem.bench.report import _table
+    from tandem.bench.tables import table
 
     a = results["analysis"]
     cpu = results["environment"].get("cpu_label") or results["environment"].get("cpu", "?")
@@ -225,8 +226,8 @@ def markdown_versus(results: dict) -> str:
         rows.append([m, str(r["prompts"]), _f(r["decode_tps"]), _f(r["request_tps"]), _f(r["ttft_ms"], "{:.0f}"),
                      _f(r["vs_llama_bench"], "{:.2f}x"), _f(r["vs_llama_server_decode"], "{:.2f}x"),
                      _f(r["vs_llama_server_request"], "{:.2f}x"), cpu])
-    L += _table(["mode", "prompts", "decode tok/s", "request tok/s", "TTFT ms", "vs llama-bench decode",
-                 "vs llama-server decode", "vs llama-server request", "CPU"], rows)
+    L += table(["mode", "prompts", "decode tok/s", "request tok/s", "TTFT ms", "vs llama-bench decode",
+                "vs llama-server decode", "vs llama-server request", "CPU"], rows)
     L.append("")
     L.append("decode tok/s: tokens after the first / time from the first streamed token to the last; request tok/s: "
              "tokens / the request's wall time (prefill included). Ratios compare the same prompts (mean of "
@@ -243,11 +244,11 @@ def markdown_versus(results: dict) -> str:
     if rb:
         L.append("## Per-round breakdown (gRPC modes, decode rounds)")
         L.append("")
-        L += _table(["mode", "rounds", "tokens/round", "verify ms", "draft ms", "overhead ms", "round ms",
-                     "ms/token", "CPU"],
-                    [[m, str(r["rounds"]), _f(r["tokens_per_round"]), _f(r["verify_ms_per_round"]),
-                      _f(r["draft_ms_per_round"]), _f(r["overhead_ms_per_round"]), _f(r["round_ms_per_round"]),
-                      _f(r["ms_per_token"]), cpu] for m, r in rb])
+        L += table(["mode", "rounds", "tokens/round", "verify ms", "draft ms", "overhead ms", "round ms",
+                    "ms/token", "CPU"],
+                   [[m, str(r["rounds"]), _f(r["tokens_per_round"]), _f(r["verify_ms_per_round"]),
+                     _f(r["draft_ms_per_round"]), _f(r["overhead_ms_per_round"]), _f(r["round_ms_per_round"]),
+                     _f(r["ms_per_token"]), cpu] for m, r in rb])
         L.append("")
         L.append("Mean ms per round as the gateway measures them: the verifier's and the drafter's compute, and the "
                  "rest of the round (network, serialisation, queuing, the gateway's own work).")

@@ -149,3 +149,10 @@ def repeated_traffic() -> list[Conversation]:
             for t in range(0, len(_TOPICS), 2)]
     out += [Conversation(f"agent/{i}", "agent", (task,), system=_TOOLS) for i, task in enumerate(_TASKS)]
     return out
+
+
+def chat_prompt_ids(tokenizer, text: str) -> list[int]:
+    """The chat template applied exactly as the gateway does it (text, then tokens, no specials)."""
+    templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                              tokenize=False)
+    return tokenizer(templated, add_special_tokens=False)["input_ids"]

@@ -53,7 +53,7 @@ def test_mode_priority_keeps_the_sweep_spread():
 
 
 def test_auto_comes_first_after_plain_and_the_first_fixed_k_always_runs():
-    from tandem.bench.runner import plan_modes
+    from tandem.bench.plan import plan_modes
 
     modes = [M.BASELINE_MODE, M.AUTO_MODE] + [M.spec_mode(k) for k in (1, 2, 4)] + \
         [M.adaptive_mode(4, 0.5), M.HF_PLAIN_MODE, M.HF_ASSISTED_MODE, M.LLAMA_PLAIN_MODE, M.LLAMA_LOOKUP_MODE]
@@ -74,7 +74,7 @@ def test_auto_comes_first_after_plain_and_the_first_fixed_k_always_runs():
 def test_auto_figures_from_round_stats():
     """Share of rounds per chosen k (k=0: plain steps), probe share, auto vs the best fixed k and plain."""
     from tandem.bench.analysis import analyze
-    from tandem.bench.report import auto_sections
+    from tandem.bench.report_auto import auto_sections
 
     def sample(mode, q, cat, tps, ks=None, reasons=None):
         s = {"mode": mode, "question_id": q, "category": cat, "repeat": 0, "token_ids": [1, 2, 3], "text": "x",
@@ -112,7 +112,7 @@ def test_auto_figures_from_round_stats():
 
 
 def test_auto_is_detected_as_pinned_by_a_gateway_with_a_fixed_default():
-    from tandem.bench.runner import auto_unavailable
+    from tandem.bench.plan import auto_unavailable
 
     assert auto_unavailable({"rounds": {"k": [4, 4], "k_reason": ["best", "probe"]}}) is None
     assert "--draft-length auto" in auto_unavailable({"rounds": {"k": [4, 4], "k_reason": ["pinned", "pinned"]}})
@@ -156,7 +156,7 @@ def test_agreement_and_floor():
 
 
 def test_plan_skips_what_does_not_fit_but_keeps_baseline_and_default_k():
-    from tandem.bench.runner import plan_modes
+    from tandem.bench.plan import plan_modes
 
     modes = M.priority([M.BASELINE_MODE, M.spec_mode(2), M.spec_mode(4), M.HF_PLAIN_MODE, M.HF_ASSISTED_MODE], 4)
     warm = {"baseline": 1.0, "k=4": 1.0, "k=2": 0.5, "hf_plain": 1.0, "hf_assisted": 1.0}
@@ -322,7 +322,7 @@ def _llama_cpp_importable() -> bool:
 def test_llama_peer_on_the_default_gguf():
     """The real default GGUF (there is no tiny one), one prompt, 8 tokens, plain and prompt lookup."""
     from tandem.bench.llama_peer import LlamaCppRunner, chat_prompt_ids, gguf_path
-    from tandem.bench.runner import Settings
+    from tandem.bench.settings import Settings
     from tandem.bench.workload import Prompt
     from tandem.models import load_tokenizer
 
