@@ -13,11 +13,9 @@ The graph has the standard decoder-with-past layout that ONNX Runtime users expe
 
 ``past`` may be 0 (first call: empty past tensors of shape [batch, kv_heads, 0, head_dim]).
 
-How: the Hugging Face model itself is traced, wrapped so that the past tensors are turned into a
-``DynamicCache`` inside the traced function and the updated cache is returned as plain tensors.
-``torch.onnx.export(dynamo=True)`` (torch.export, the default exporter since torch 2.9) is tried
-first; if it fails, the TorchScript exporter (``dynamo=False``) is tried. Both give the same
-graph interface; the parity check below is what decides whether the result is usable.
+The graph is traced from the Hugging Face model (``tandem.export_trace``: torch.export, or TorchScript
+when it fails), checked against torch in ONNX Runtime (``tandem.export_check``), and optionally
+quantized (``tandem.export_quantize``: int8, int4 or fp16).
 
 Beside ``model.onnx`` go ``drafter.json`` (metadata, format ``tandem-drafter/1``, read by
 ``drafter_service.onnx_drafter``) and the tokenizer files (``tokenizer.json`` ...).
@@ -32,27 +30,23 @@ torch and transformers are imported lazily so that ``tandem --help`` stays fast.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import inspect
 import json
-import logging
 import os
 import sys
 import tempfile
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from tandem.export_quantize import QUANTIZE_MODES
+from tandem.export_quantize import quantize as quantize_graph
+from tandem.export_trace import EXPORTERS, check_architecture, decoder_dims, export_graph, log
 
 DRAFTER_FORMAT = "tandem-drafter/1"
 MODEL_FILE = "model.onnx"
 METADATA_FILE = "drafter.json"
-PARITY_TOLERANCE = 1e-3
-# Architectures whose HF implementation keeps a plain (non-sliding) DynamicCache of
-# [batch, kv_heads, seq, head_dim] per layer. Only "llama" (SmolLM2) is tested; the parity check
-# guards the others.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _PROTOBUF_LIMIT = 2 * 1024**3 - 64 * 1024**2  # stay clear of protobuf's 2 GiB message limit
+KV_CACHE_MODES = ("concat", "shared")
 
 
 @dataclass
@@ -82,178 +76,6 @@ class ExportReport:
         return asdict(self)
 
 
-def _log(msg: str) -> None:
-    print(f"[tandem export] {msg}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def _quiet_torch_logs():
-    """Hides the exporter's 'torchvision is not installed' warnings, which are noise here."""
-    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
-    old = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(old)
-
-
-def _io_names(num_layers: int) -> tuple[list[str], list[str]]:
-    past = [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
-    present = [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
-    return ["input_ids", "attention_mask", "position_ids", *past], ["logits", *present]
-
-
-def _check_architecture(config) -> None:
-    model_type = getattr(config, "model_type", "?")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"export-drafter supports Llama-family decoders ({', '.join(SUPPORTED_MODEL_TYPES)}); "
-            f"this model is {model_type!r} ({', '.join(getattr(config, 'architectures', None) or [])}). "
-            "Use a Llama-architecture drafter such as SmolLM2.")
-    layer_types = getattr(config, "layer_types", None) or []
-    sliding = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
-    if sliding or any(t != "full_attention" for t in layer_types):
-        raise ValueError(f"{model_type} with sliding-window attention is not supported by export-drafter "
-                         "(the exported KV cache layout assumes full attention in every layer)")
-
-
-def _dims(config) -> tuple[int, int, int]:
-    layers = int(config.num_hidden_layers)
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    return layers, kv_heads, head_dim
-
-
-def _make_wrapper(model, num_layers: int):
-    """A module mapping (ids, mask, positions, past tensors...) -> (logits, present tensors...)."""
-    import torch
-    from transformers import DynamicCache
-
-    params = inspect.signature(model.forward).parameters
-    cache_kw = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.x
-
-    class DecoderWithPast(torch.nn.Module):
-        def __init__(self, lm):
-            super().__init__()
-            self.lm = lm
-
-        def forward(self, input_ids, attention_mask, position_ids, *past):
-            cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(num_layers)],
-                                 config=self.lm.config)
-            out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          use_cache=True, **{cache_kw: cache})
-            new_cache = out.cache if hasattr(out, "cache") else out.past_key_values
-            present = []
-            for layer in new_cache.layers[:num_layers]:
-                present += [layer.keys, layer.values]
-            return (out.logits, *present)
-
-    class ListArgs(torch.nn.Module):  # torch.export wants a fixed signature: past as one list
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids, attention_mask, position_ids, past):
-            return self.inner(input_ids, attention_mask, position_ids, *past)
-
-    wrapper = DecoderWithPast(model).eval()
-    return wrapper, ListArgs(wrapper).eval()
-
-
-def _example_inputs(num_layers, kv_heads, head_dim, vocab_size, batch=2, seq=3, past=4):
-    import torch
-
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab_size, (batch, seq), generator=g)
-    mask = torch.ones(batch, past + seq, dtype=torch.long)
-    pos = torch.arange(past, past + seq, dtype=torch.long).unsqueeze(0).expand(batch, seq).contiguous()
-    kv = [torch.randn(batch, kv_heads, past, head_dim, generator=g) * 0.1 for _ in range(2 * num_layers)]
-    return ids, mask, pos, kv
-
-
-def _export_dynamo(list_wrapper, example, path: Path, num_layers, opset, external) -> None:
-    import torch
-    from torch.export import Dim
-
-    batch, seq, past, total = Dim("batch"), Dim("seq"), Dim("past"), Dim("past_plus_seq")
-    dynamic_shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: total},
-                      "position_ids": {0: batch, 1: seq},
-                      "past": [{0: batch, 2: past} for _ in range(2 * num_layers)]}
-    inputs, outputs = _io_names(num_layers)
-    ids, mask, pos, kv = example
-    with torch.no_grad():
-        program = torch.onnx.export(list_wrapper, (ids, mask, pos, kv), input_names=inputs,
-                                    output_names=outputs, dynamic_shapes=dynamic_shapes, dynamo=True,
-                                    opset_version=opset, external_data=external, optimize=True, verbose=False)
-    program.save(str(path), external_data=external)
-
-
-def _export_torchscript(wrapper, example, path: Path, num_layers, opset) -> None:
-    import torch
-
-    inputs, outputs = _io_names(num_layers)
-    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "past_plus_seq"},
-            "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
-    axes.update({n: {0: "batch", 2: "past"} for n in inputs[3:]})
-    axes.update({n: {0: "batch", 2: "past_plus_seq"} for n in outputs[1:]})
-    ids, mask, pos, kv = example
-    with torch.no_grad():
-        torch.onnx.export(wrapper, (ids, mask, pos, *kv), str(path), input_names=inputs, output_names=outputs,
-                          dynamic_axes=axes, dynamo=False, opset_version=opset or 17, do_constant_folding=True)
-
-
-def _ort_session(path: Path):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-
-
-def _ort_step(session, ids, past, num_layers):
-    """Runs the ONNX model on ids [1, seq] after ``past`` (list of 2L arrays); returns (logits, present)."""
-    import numpy as np
-
-    p = past[0].shape[2]
-    s = ids.shape[1]
-    feed = {"input_ids": ids.astype(np.int64), "attention_mask": np.ones((1, p + s), np.int64),
-            "position_ids": np.arange(p, p + s, dtype=np.int64)[None]}
-    names, _ = _io_names(num_layers)
-    feed.update(dict(zip(names[3:], past)))
-    out = session.run(None, feed)
-    return out[0], out[1:]
-
-
-def parity_check(model, onnx_path: Path, num_layers, kv_heads, head_dim, vocab_size,
-                 prompt_len: int = 7, more: int = 2, seed: int = 0) -> tuple[float, float]:
-    """Max |ONNX - torch| of the logits: prompt with empty past, then ``more`` tokens with its KV.
-
-    The torch side is the plain HF model with its own cache (not the export wrapper), so the check
-    covers the wrapper too.
-    """
-    import numpy as np
-    import torch
-
-    rng = np.random.default_rng(seed)
-    prompt = rng.integers(0, vocab_size, (1, prompt_len), dtype=np.int64)
-    nxt = rng.integers(0, vocab_size, (1, more), dtype=np.int64)
-    session = _ort_session(onnx_path)
-    empty = [np.zeros((1, kv_heads, 0, head_dim), np.float32) for _ in range(2 * num_layers)]
-    logits1, present = _ort_step(session, prompt, empty, num_layers)
-    logits2, _ = _ort_step(session, nxt, present, num_layers)
-    with torch.no_grad():
-        out1 = model(input_ids=torch.from_numpy(prompt), use_cache=True)
-        cache = out1.cache if hasattr(out1, "cache") else out1.past_key_values
-        kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        pos = torch.arange(prompt_len, prompt_len + more).unsqueeze(0)
-        out2 = model(input_ids=torch.from_numpy(nxt), position_ids=pos, use_cache=True, **{kw: cache})
-    d1 = float(np.abs(logits1 - out1.logits.float().numpy()).max())
-    d2 = float(np.abs(logits2 - out2.logits.float().numpy()).max())
-    return d1, d2
-
-
 def _eos_ids(model, tokenizer) -> list[int]:
     ids: list[int] = []
     for src in (getattr(getattr(model, "generation_config", None), "eos_token_id", None),
@@ -262,52 +84,6 @@ def _eos_ids(model, tokenizer) -> list[int]:
             if i is not None and int(i) not in ids:
                 ids.append(int(i))
     return ids
-
-
-QUANTIZE_MODES = ("int8", "int4", "fp16")
-KV_CACHE_MODES = ("concat", "shared")
-INT4_BLOCK = 32          # MatMul weights: blocks of 32 inputs (as GGUF Q4_0/Q4_1)
-INT4_EMBED_BLOCK = 128   # the embedding table
-
-
-def _quantize(src: Path, dst: Path, mode: str, external: bool = False) -> None:
-    if mode == "int8":
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, use_external_data_format=external)
-    elif mode == "int4":
-        # Block-wise 4-bit weights, asymmetric (round to nearest): MatMulNBits with blocks of 32 along the input
-        # dimension (accuracy_level 4: int8 activations in the CPU kernels, fast decode) and GatherBlockQuantized
-        # with blocks of 128 for the token embedding (the largest tensor of a small drafter).
-        import logging
-
-        import onnx
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-        logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)
-        model = onnx.load(str(src))
-        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
-        if opset < 21:  # the quantizer needs opset 21 (int4); convert properly instead of letting it relabel
-            from onnx import version_converter
-
-            model = version_converter.convert_version(model, 21)
-        for ops, axes, block, level in ((("MatMul",), (("MatMul", 0),), INT4_BLOCK, 4),
-                                        (("Gather",), (("Gather", 1),), INT4_EMBED_BLOCK, None)):
-            q = MatMulNBitsQuantizer(model, bits=4, block_size=block, is_symmetric=False, accuracy_level=level,
-                                     op_types_to_quantize=ops, quant_axes=axes)
-            q.process()
-            model = q.model.model
-        onnx.save(model, str(dst), save_as_external_data=external, location=dst.name + ".data")
-    elif mode == "fp16":
-        import onnx
-        from onnxruntime.transformers.float16 import convert_float_to_float16
-
-        model = onnx.load(str(src))
-        model16 = convert_float_to_float16(model, keep_io_types=True)
-        onnx.save(model16, str(dst), save_as_external_data=external,
-                  location=dst.name + ".data")
-    else:
-        raise ValueError(f"quantize must be one of {QUANTIZE_MODES}, got {mode!r}")
 
 
 def _slice_head(model, ids) -> None:
@@ -337,7 +113,7 @@ def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if quantize not in (None, *QUANTIZE_MODES):
         raise ValueError(f"quantize must be None or one of {QUANTIZE_MODES}, got {quantize!r}")
-    if exporter not in ("auto", "dynamo", "torchscript"):
+    if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be 'auto', 'dynamo' or 'torchscript', got {exporter!r}")
     if kv_cache not in KV_CACHE_MODES:
         raise ValueError(f"kv_cache must be one of {KV_CACHE_MODES}, got {kv_cache!r}")
@@ -347,6 +123,7 @@ def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool
     import torch
 
     from tandem.distill.student import DRAFT_VOCAB_FILE, load_draft_vocab
+    from tandem.export_check import PARITY_TOLERANCE, parity_check
     from tandem.models import load_causal_lm
     from tandem.vocab import tokenizer_vocab_hash
 
@@ -355,70 +132,51 @@ def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool
     out.mkdir(parents=True, exist_ok=True)
     model, tokenizer, loc = load_causal_lm(model_spec, dtype="float32", device="cpu")
     config = model.config
-    _check_architecture(config)
-    num_layers, kv_heads, head_dim = _dims(config)
+    check_architecture(config)
+    num_layers, kv_heads, head_dim = decoder_dims(config)
     target_vocab = int(model.get_output_embeddings().weight.shape[0])
     # a distilled drafter's reduced draft vocabulary (tandem distill); a .gguf never has one
     draft_vocab = None if loc.gguf_file else load_draft_vocab(loc.directory, config.vocab_size)
     if draft_vocab is not None:
         _slice_head(model, draft_vocab)  # the ONNX logits cover exactly the draft vocabulary
-        _log(f"draft vocabulary: {len(draft_vocab)} of {target_vocab} tokens ({config.tandem_draft_vocab})")
+        log(f"draft vocabulary: {len(draft_vocab)} of {target_vocab} tokens ({config.tandem_draft_vocab})")
     vocab_size = int(model.get_output_embeddings().weight.shape[0])
     n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     external = n_bytes > _PROTOBUF_LIMIT
-    _log(f"{loc.name}: {config.model_type}, {num_layers} layers, {kv_heads} kv heads x {head_dim}, "
-         f"vocab {vocab_size}, {n_bytes / 1e6:.0f} MB fp32" + (" (external data)" if external else ""))
+    log(f"{loc.name}: {config.model_type}, {num_layers} layers, {kv_heads} kv heads x {head_dim}, "
+        f"vocab {vocab_size}, {n_bytes / 1e6:.0f} MB fp32" + (" (external data)" if external else ""))
 
-    wrapper, list_wrapper = _make_wrapper(model, num_layers)
-    example = _example_inputs(num_layers, kv_heads, head_dim, vocab_size)
     final = out / MODEL_FILE
     notes: list[str] = []
     with tempfile.TemporaryDirectory(dir=out, prefix=".export-") as tmp:
         raw = (Path(tmp) / MODEL_FILE) if quantize else final
         for stale in (final, final.with_name(final.name + ".data")):
             stale.unlink(missing_ok=True)
-        used = None
         t0 = time.perf_counter()
-        if exporter in ("auto", "dynamo"):
-            _log("exporting with torch.onnx.export(dynamo=True) ...")
-            try:
-                with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr), _quiet_torch_logs():
-                    warnings.simplefilter("ignore")
-                    _export_dynamo(list_wrapper, example, raw, num_layers, opset, external)
-                used = "dynamo"
-            except Exception as e:  # noqa: BLE001 - fall back to the TorchScript exporter
-                if exporter == "dynamo":
-                    raise
-                notes.append(f"dynamo export failed ({type(e).__name__}: {e}); used TorchScript")
-                _log(f"dynamo export failed ({type(e).__name__}: {str(e)[:300]}); trying dynamo=False")
-        if used is None:
-            _log("exporting with torch.onnx.export(dynamo=False) ...")
-            with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
-                warnings.simplefilter("ignore")
-                _export_torchscript(wrapper, example, raw, num_layers, opset)
-            used = "torchscript"
+        used = export_graph(model, raw, (num_layers, kv_heads, head_dim), vocab_size, opset=opset, external=external,
+                            exporter=exporter, notes=notes)
         export_s = time.perf_counter() - t0
-        _log(f"exported with {used} in {export_s:.1f}s -> {raw}")
+        log(f"exported with {used} in {export_s:.1f}s -> {raw}")
 
         d1 = d2 = None
         if check:
-            d1, d2 = parity_check(model, raw, num_layers, kv_heads, head_dim, vocab_size)
-            _log(f"parity fp32: max |logits diff| no past {d1:.2e}, with past {d2:.2e}")
+            d1, d2 = parity_check(model, raw, vocab_size)
+            log(f"parity fp32: max |logits diff| no past {d1:.2e}, with past {d2:.2e}")
             if max(d1, d2) > PARITY_TOLERANCE:
                 raise RuntimeError(f"ONNX export of {loc.name} does not match torch: max logits diff "
                                    f"{d1:.3g} (no past) / {d2:.3g} (with past) > {PARITY_TOLERANCE}")
         if quantize:
-            _log(f"quantizing ({quantize}) ...")
-            _quantize(raw, final, quantize, external)
+            log(f"quantizing ({quantize}) ...")
+            quantize_graph(raw, final, quantize, external)
             if check:
                 try:
-                    q1, q2 = parity_check(model, final, num_layers, kv_heads, head_dim, vocab_size)
+                    q1, q2 = parity_check(model, final, vocab_size)
                     notes.append(f"fp32 parity: no past {d1:.3g}, with past {d2:.3g}")
                     d1, d2 = q1, q2
-                    _log(f"parity {quantize} (reported, not enforced): no past {q1:.2e}, with past {q2:.2e}")
+                    log(f"parity {quantize} (reported, not enforced): no past {q1:.2e}, with past {q2:.2e}")
                 except Exception as e:  # noqa: BLE001 - e.g. no fp16 kernels on this provider
                     notes.append(f"{quantize} parity check could not run: {type(e).__name__}: {e}")
-                    _log(notes[-1])
+                    log(notes[-1])
 
     if draft_vocab is not None:
         np.save(out / DRAFT_VOCAB_FILE, draft_vocab)
@@ -451,7 +209,7 @@ def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool
         if shared.parity:
             worst = max(shared.parity[p]["max_abs_logit_diff"] for p in ("prompt", "greedy_steps"))
             notes.append(f"shared KV graph vs concat graph: max logits diff {worst:.3g}")
-        _log(f"rewrote {final} with KV buffers shared by past and present ({shared.nodes_after} nodes)")
+        log(f"rewrote {final} with KV buffers shared by past and present ({shared.nodes_after} nodes)")
     try:
         tokenizer.save_pretrained(str(out))
     except Exception as e:  # noqa: BLE001 - the tokenizer is a convenience, not needed by the drafter
@@ -463,7 +221,7 @@ def export_drafter(model_spec, out_dir, *, opset: int | None = None, check: bool
                           kv_cache=kv_cache,
                           parity_no_past=d1, parity_with_past=d2,
                           parity_enforced=bool(check and not quantize), notes=notes)
-    _log(f"wrote {final} ({onnx_bytes / 1e6:.0f} MB) and {meta_path} in {time.perf_counter() - t_start:.1f}s")
+    log(f"wrote {final} ({onnx_bytes / 1e6:.0f} MB) and {meta_path} in {time.perf_counter() - t_start:.1f}s")
     return report
 
 
@@ -498,7 +256,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "multiple of 16). Default: %(default)s")
     parser.add_argument("--opset", type=int, default=None,
                         help="ONNX opset version (default: the exporter's default)")
-    parser.add_argument("--exporter", choices=["auto", "dynamo", "torchscript"], default="auto",
+    parser.add_argument("--exporter", choices=list(EXPORTERS), default="auto",
                         help="torch.onnx exporter: dynamo (torch.export), torchscript (dynamo=False), or "
                              "auto = dynamo, falling back to torchscript if it fails. Default: %(default)s")
     parser.add_argument("--json", action="store_true", help="print the export report as JSON on stdout")

@@ -94,7 +94,7 @@ def measure_target(target, ids: list[int], length: int, steps: int, cells: dict)
 def op_profile(onnx_path: Path, length: int, steps: int = 30) -> dict[str, float]:
     """Microseconds per drafted token by operator type, and of the whole run: ``steps`` one-token runs after
     ``length`` tokens (ORT's profiler, one thread)."""
-    from tandem.export_shared_kv import ClassicRunner, SharedKVRunner
+    from tandem.export_check import ClassicRunner, SharedKVRunner
 
     meta_path = onnx_path.parent / "drafter.json"
     shared = meta_path.exists() and json.loads(meta_path.read_text()).get("kv_cache") == "shared"

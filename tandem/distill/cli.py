@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from tandem.export import QUANTIZE_MODES
+from tandem.export_quantize import QUANTIZE_MODES
 
 
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -142,10 +142,10 @@ def test_int4_export_uses_block_quantized_weights(tiny_target_dir, tmp_path):
 def test_refuses_other_architectures():
     from transformers import GPT2Config
 
-    from tandem.export import _check_architecture
+    from tandem.export_trace import check_architecture
 
     with pytest.raises(ValueError, match="Llama-family"):
-        _check_architecture(GPT2Config())
+        check_architecture(GPT2Config())
 
 
 def test_cli_help_and_args():
@@ -179,7 +179,8 @@ def hd16_exports(tmp_path_factory):
 def test_shared_kv_graph_interface_and_parity_with_torch(hd16_exports, tmp_path):
     """Prompt, a chunk after it, a single step, a rollback (a shorter length, the buffer untouched) and the
     last rows only: each equal to torch's logits for the same sequence."""
-    from tandem.export_shared_kv import SharedKVRunner, convert
+    from tandem.export_check import SharedKVRunner
+    from tandem.export_shared_kv import convert
     from tandem.models import load_causal_lm
 
     src, fp32, _ = hd16_exports
