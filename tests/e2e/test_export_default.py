@@ -39,5 +39,5 @@ def test_export_default_target_parity(tmp_path):
     ids = tok("The capital of France is")["input_ids"]
     greedy = drafter.propose("s", 0, ids, 3)
     assert len(greedy.tokens) == 3 and all(0 <= t < 49152 for t in greedy.token_ids)
-    sampled = drafter.propose("t", 0, ids, 2, SamplingParams(temperature=0.7, top_p=0.9, seed=0))
+    sampled = drafter.propose("t", 0, ids, 2, SamplingParams(temperature=0.7, top_p=0.9))
     assert all(t.token_id in t.support_ids for t in sampled.tokens)
