@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem import gpu_check
+from tandem import gpu_check, gpu_check_verifier
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "gpu-check.sh"
@@ -63,8 +63,8 @@ def test_a_failed_step_fails_the_summary(tmp_path):
 
 def test_the_verifier_mismatch_is_a_failure(tiny_target_dir, tmp_path, monkeypatch):
     """A wrong reference (as if HF generate and the verifier disagreed) is reported as a failure."""
-    real = gpu_check.hf_greedy
-    monkeypatch.setattr(gpu_check, "hf_greedy", lambda *a: [(t + 1) % 64 for t in real(*a)])
+    real = gpu_check_verifier.hf_greedy
+    monkeypatch.setattr(gpu_check_verifier, "hf_greedy", lambda *a: [(t + 1) % 64 for t in real(*a)])
     res = gpu_check.check_verifier(str(tiny_target_dir), "cpu", n_prompts=1, new_tokens=6, repeats=1,
                                    modes=["default"])
     assert not res["ok"] and res["modes"]["default"]["greedy"][0]["first_difference"] == 0
