@@ -1,6 +1,8 @@
 """The three services over real gRPC on loopback, with tiny models: behaviour a client relies on."""
 
+import time
 import grpc
+
 import pytest
 
 from tandem.pb import common_pb2, drafter_pb2, gateway_pb2, verifier_pb2
@@ -87,13 +89,17 @@ def test_sessions_are_freed_after_requests(stack):
 def test_a_request_that_never_called_the_drafter_sends_it_no_end_session(stack, monkeypatch):
     """Only a session the gateway proposed for can exist on the drafter: a request that never drafted (one
     token, or an auto request that stayed plain) does not pay a round trip to the drafter at its end
-    (10 ms behind a slow link); one that drafted ends its drafter session before the reply."""
+    (10 ms behind a slow link); one that drafted ends its drafter session: at once with Propose, as its
+    DraftAhead stream closes when drafting ahead (the gateway half-closes the stream as the reply goes out)."""
     ended = []
     real = stack.drafter.end_session
     monkeypatch.setattr(stack.drafter, "end_session", lambda *a, **kw: ended.append(a[0]) or real(*a, **kw))
     one = stack.gateway_stub.Generate(request(prompt="w1 w2", max_tokens=1, draft_length=2), timeout=60)
     assert len(one.token_ids) == 1 and one.stats.speculative and not ended
     drafted = stack.gateway_stub.Generate(request(prompt="w1 w2", max_tokens=12, draft_length=2), timeout=60)
+    deadline = time.monotonic() + 5.0
+    while (ended == [] or stack.drafter.session_count()) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert drafted.stats.proposed > 0 and len(ended) == 1
     assert len(stack.target.sessions) == 0 and stack.drafter.session_count() == 0
     # the drafter was pinged at first use: its round trip seeds the cost model until Propose calls are timed

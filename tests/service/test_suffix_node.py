@@ -54,7 +54,7 @@ def test_the_node_is_model_free_and_proposes_suffix_copies_or_nothing(node):
         session_id=sid, prefix_length=prefix, appended_tokens=tokens, k=4, session_token="t", **kw), timeout=10)
     assert list(propose("n1", 0, [1, 40000, 41000]).tokens) == []           # nothing seen: an empty block
     reply = propose("n1", 3, [42000, 43000, 1, 40000],
-                    sampling=common_pb2.SamplingParams(temperature=1.0, seed=1, has_seed=True))
+                    sampling=common_pb2.SamplingParams(temperature=1.0))            # unseeded: rejection sampling reads q
     assert [(t.token_id, t.from_lookup, t.origin, list(t.support_ids), list(t.support_probs)) for t in reply.tokens] \
         == [(t, True, "suffix", [t], [1.0]) for t in (41000, 42000)]          # a 2-token match: 2 tokens at most
     with pytest.raises(grpc.RpcError) as err:
