@@ -53,3 +53,15 @@ def make_tiny_model(out: Path, seed: int = 0, vocab_size: int = TINY_VOCAB, hidd
     model.save_pretrained(out)
     make_tokenizer(vocab_size).save_pretrained(out)
     return out
+
+
+# Tiny GGUF files: one block type per tensor kind (a K-quant mix, as in a Q4_K_M file), and the head sizes
+# transformers' GGUF loader assumes (Qwen3: 128; Gemma 3: 256)
+GGUF_MIX = {"default": "Q8_0", "attn_output": "Q4_K", "ffn_down": "Q6_K", "ffn_gate": "Q5_0", "attn_q": "Q4_1"}
+GGUF_ARCHS = {
+    "llama": dict(heads=4, kv_heads=2),
+    "qwen2": dict(heads=4, kv_heads=2),
+    "qwen3": dict(heads=2, kv_heads=1, head_dim=128),
+    "gemma3": dict(heads=2, kv_heads=1, head_dim=256, layers=6, window=8),
+    "mistral-window": dict(heads=4, kv_heads=2, window=6),
+}

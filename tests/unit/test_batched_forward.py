@@ -11,20 +11,13 @@ import random
 import pytest
 import torch
 
-from tandem.bench.random_gguf import write
 from tandem.types import DraftToken, SamplingParams
 from tiny_models import make_tokenizer
 from verifier_service import native, torch_thread
 from verifier_service.gguf_model import GgufModel
 from verifier_service.target import Target
 
-MIX = {"default": "Q8_0", "attn_output": "Q4_K", "ffn_down": "Q6_K", "ffn_gate": "Q5_0", "attn_q": "Q4_1"}
-ARCHS = {
-    "llama": dict(heads=4, kv_heads=2),
-    "qwen3": dict(heads=2, kv_heads=1, head_dim=128),
-    "gemma3": dict(heads=2, kv_heads=1, head_dim=256, layers=6, window=8),
-    "mistral-window": dict(heads=4, kv_heads=2, window=6),
-}
+ARCHS = ["llama", "qwen3", "gemma3", "mistral-window"]
 BACKENDS = ["native", "torch"]
 
 
@@ -35,16 +28,6 @@ def two_threads():
     torch_thread.run(torch.set_num_threads, 2)
     yield
     torch_thread.run(torch.set_num_threads, before)
-
-
-@pytest.fixture(scope="module")
-def tiny_files(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gguf")
-    files = {}
-    for name, extra in ARCHS.items():
-        arch = "llama" if name == "mistral-window" else name
-        files[name] = write(folder / f"{name}.gguf", arch=arch, std=0.3, kinds=MIX, seed=1, **extra)
-    return files
 
 
 def sessions_of(vocab: int, n: int = 8, seed: int = 0):
@@ -77,12 +60,12 @@ def alone_and_batched(decoder, sessions):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_a_sessions_logits_do_not_depend_on_who_shares_the_forward(tiny_files, arch, backend):
+def test_a_sessions_logits_do_not_depend_on_who_shares_the_forward(tiny_gguf_files, arch, backend):
     """The same session's logits alone and batched with 1..7 other sessions of other widths and cache lengths:
     bit for bit equal, every row of every session (the sliding windows included)."""
     if backend == "native" and native.library() is None:
         pytest.skip(f"C kernels unavailable: {native.unavailable_reason()}")
-    decoder = GgufModel(tiny_files[arch]).decoder(native_ops=backend == "native")
+    decoder = GgufModel(tiny_gguf_files[arch]).decoder(native_ops=backend == "native")
     sessions = sessions_of(decoder.spec.vocab)
     assert sum(len(b) for _, b in sessions) <= decoder.max_exact_rows
     alone, batched = alone_and_batched(decoder, sessions)
@@ -109,8 +92,8 @@ def test_the_dense_path_batches_where_its_gemm_rows_are_exact(tiny_target_dir):
     assert "batched" in mkl.startup_line() or "one session a forward" in mkl.startup_line()
 
 
-def test_one_block_per_cache(tiny_files):
-    target = tiny_target(tiny_files["llama"])
+def test_one_block_per_cache(tiny_gguf_files):
+    target = tiny_target(tiny_gguf_files["llama"])
     cache = target.decoder.new_cache()
     with pytest.raises(ValueError, match="one block per cache"):
         torch_thread.run(target.decoder.forward_blocks, [(cache, [3]), (cache, [4])])
@@ -121,8 +104,8 @@ def tiny_target(path, **kw):
 
 
 @pytest.fixture(scope="module")
-def target(tiny_files):
-    return tiny_target(tiny_files["llama"])
+def target(tiny_gguf_files):
+    return tiny_target(tiny_gguf_files["llama"])
 
 
 def decode(target, prompts, steps, drafts):
@@ -162,9 +145,9 @@ def test_concurrent_sessions_share_forwards_and_decode_as_alone(target):
     assert shared and max(shared) >= 4, forwards
 
 
-def test_a_batch_stays_within_its_rows(tiny_files):
+def test_a_batch_stays_within_its_rows(tiny_gguf_files):
     """``max_batch_rows`` bounds a forward's rows (a block wider than it goes alone)."""
-    target = tiny_target(tiny_files["llama"], max_batch_rows=5)
+    target = tiny_target(tiny_gguf_files["llama"], max_batch_rows=5)
     rows = []
     listener = lambda f: rows.append(f.rows) if f.kind == "verify" else None    # noqa: E731
     target.scheduler.add_listener(listener)

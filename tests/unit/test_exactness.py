@@ -40,21 +40,14 @@ from verifier_service.acceptance import coupled_sample
 from verifier_service.target import Target
 from verifier_service.warping import warp
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 PROMPT = (1, 5, 9, 14)
 N = 20_000               # requests of the plain rule's test (the "model" variant)
 N_VARIANT = 5_000        # requests of each other variant: a path that biased the rule shows at this size too
                          # (the broken-rule control fails at 4 000)
 ALPHA = 1e-3
 SAMPLING = SamplingParams(temperature=0.9, top_k=6, top_p=0.95)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and the test then ignores other load on the machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,7 @@ from verifier_service import fast_linear, kv_cache, static_decoder
 from verifier_service.kv_cache import TargetSession
 from verifier_service.target import PrefillCancelled, Target
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -13,42 +13,17 @@ import importlib.util
 import pytest
 import torch
 
-from tandem.bench.random_gguf import write
 from tandem.types import DraftToken, SamplingParams
-from tiny_models import make_tokenizer
+from tandem.bench.random_gguf import write
+from tiny_models import GGUF_ARCHS, make_tokenizer
 from verifier_service import native
 from verifier_service.gguf_model import GgufModel
 from verifier_service.target import Target
 
-MIX = {"default": "Q8_0", "attn_output": "Q4_K", "ffn_down": "Q6_K", "ffn_gate": "Q5_0", "attn_q": "Q4_1"}
-# (arch, extra arguments): head sizes as transformers' GGUF loader assumes them (Qwen3: 128; Gemma 3: 256)
-ARCHS = {
-    "llama": dict(heads=4, kv_heads=2),
-    "qwen2": dict(heads=4, kv_heads=2),
-    "qwen3": dict(heads=2, kv_heads=1, head_dim=128),
-    "gemma3": dict(heads=2, kv_heads=1, head_dim=256, layers=6, window=8),
-    "mistral-window": dict(heads=4, kv_heads=2, window=6),
-}
+ARCHS = list(GGUF_ARCHS)
 BACKENDS = ["native", "torch"]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SEQ = [1, 5, 9, 14, 3, 22, 40, 7, 63, 11, 100, 200, 30, 31, 32, 33, 34, 35, 90, 91, 92, 93]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny_files(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gguf")
-    files = {}
-    for name, extra in ARCHS.items():
-        arch = "llama" if name == "mistral-window" else name
-        files[name] = write(folder / f"{name}.gguf", arch=arch, std=0.3, kinds=MIX, seed=1, **extra)
-    return files
 
 
 def decoder_of(path, backend):
@@ -65,10 +40,10 @@ def logits(decoder, ids, split=()):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_rows_bit_identical_across_widths(tiny_files, arch, backend):
+def test_rows_bit_identical_across_widths(tiny_gguf_files, arch, backend):
     """Row i of a block of any width 1..8 equals the plain step that computes that token, bit for bit
     (past the sliding window too: the prompt is longer than the windows)."""
-    decoder = decoder_of(tiny_files[arch], backend)
+    decoder = decoder_of(tiny_gguf_files[arch], backend)
     base = 10
     plain = logits(decoder, SEQ, list(range(base, len(SEQ))))[base:]
     for width in range(2, 9):
@@ -80,11 +55,11 @@ def test_rows_bit_identical_across_widths(tiny_files, arch, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_the_longest_verify_block_is_exact(tiny_files, backend):
+def test_the_longest_verify_block_is_exact(tiny_gguf_files, backend):
     """A block of --max-block's default 32 drafts plus the pending row (33 rows) is still computed row by
     row: each row equals the plain step for that token. A verifier asked for longer blocks than its exact
     rows cover refuses to start, naming the flag."""
-    decoder = decoder_of(tiny_files["llama"], backend)
+    decoder = decoder_of(tiny_gguf_files["llama"], backend)
     seq = (SEQ * 3)[:45]
     base, width = 12, 33
     assert decoder.max_exact_rows >= width
@@ -94,17 +69,17 @@ def test_the_longest_verify_block_is_exact(tiny_files, backend):
     rows = decoder.forward(cache, seq[base:base + width])
     assert all(torch.equal(rows[i], plain[i]) for i in range(width))
     with pytest.raises(ValueError, match="--max-block"):
-        tiny_target(tiny_files["llama"], max_block=decoder.max_exact_rows)
+        tiny_target(tiny_gguf_files["llama"], max_block=decoder.max_exact_rows)
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_files):
+def reference(tiny_gguf_files):
     """transformers' forward (its own GGUF loader: fp32 dequantized weights) of each tiny file over SEQ."""
     from transformers import AutoModelForCausalLM
 
     out = {}
     for arch in ("llama", "qwen2", "qwen3", "gemma3"):
-        path = tiny_files[arch]
+        path = tiny_gguf_files[arch]
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
         with torch.inference_mode():
             out[arch] = model(torch.tensor([SEQ])).logits[0]
@@ -113,11 +88,11 @@ def reference(tiny_files):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
-def test_matches_transformers_forward_of_the_same_file(tiny_files, reference, arch, backend):
+def test_matches_transformers_forward_of_the_same_file(tiny_gguf_files, reference, arch, backend):
     """Logits within fp32 rounding of transformers' forward (Gemma 3: its sliding window of 8 < the 22 tokens),
     the greedy token at every position the same; a prefill chunk and plain steps alike."""
     want = reference[arch]
-    decoder = decoder_of(tiny_files[arch], backend)
+    decoder = decoder_of(tiny_gguf_files[arch], backend)
     for split in ((), (12,), tuple(range(1, len(SEQ)))):
         got = logits(decoder, SEQ, split)
         assert torch.max(torch.abs(got - want)).item() <= 2e-4 * max(1.0, want.abs().max().item()), (arch, split)
@@ -136,10 +111,10 @@ def test_every_block_type(tmp_path, kind):
     assert torch.equal(logits(decoder, SEQ, range(1, len(SEQ)))[-5:], logits(decoder, SEQ, [len(SEQ) - 5])[-5:])
 
 
-def test_a_wide_prefill_agrees_with_plain_steps(tiny_files):
+def test_a_wide_prefill_agrees_with_plain_steps(tiny_gguf_files):
     """A prefill chunk of more rows than the kernels take (dequantize a chunk at a time, torch's GEMM) gives the
     plain steps' logits to fp32 rounding, and the plain steps after it are the same tokens."""
-    decoder = decoder_of(tiny_files["llama"], "native")
+    decoder = decoder_of(tiny_gguf_files["llama"], "native")
     ids = [(7 * i + 3) % 260 for i in range(45)]
     wide = logits(decoder, ids)
     plain = logits(decoder, ids, range(1, len(ids)))
@@ -161,10 +136,10 @@ def greedy_plain(target, prompt, n, sid):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_speculative_greedy_equals_plain_through_target(tiny_files, arch):
+def test_speculative_greedy_equals_plain_through_target(tiny_gguf_files, arch):
     """Drafts of the true continuation with a wrong last token (k - 1 accepted, then the recovered token),
     through Target's verify and rollback: the plain chain, token for token."""
-    target = tiny_target(tiny_files[arch])
+    target = tiny_target(tiny_gguf_files[arch])
     assert target.startup_line().startswith("GGUF fast path")
     prompt = SEQ[:9]
     plain = greedy_plain(target, prompt, 24, "plain")
@@ -181,8 +156,8 @@ def test_speculative_greedy_equals_plain_through_target(tiny_files, arch):
         assert out[:24] == plain, k
 
 
-def test_a_failed_forward_rolls_back(tiny_files, monkeypatch):
-    target = tiny_target(tiny_files["llama"])
+def test_a_failed_forward_rolls_back(tiny_gguf_files, monkeypatch):
+    target = tiny_target(tiny_gguf_files["llama"])
     target.start("r", SEQ[:6], SamplingParams())
     session = target.sessions.get("r")
     before = session.length
@@ -195,7 +170,7 @@ def test_a_failed_forward_rolls_back(tiny_files, monkeypatch):
     assert target.verify("r", [DraftToken(5)]).next_token >= 0
 
 
-def test_an_architecture_off_the_fast_path_says_why(tiny_files, tmp_path):
+def test_an_architecture_off_the_fast_path_says_why(tiny_gguf_files, tmp_path):
     import gguf
 
     path = tmp_path / "odd.gguf"
@@ -207,7 +182,7 @@ def test_an_architecture_off_the_fast_path_says_why(tiny_files, tmp_path):
     writer.close()
     model = GgufModel(path)
     assert model.spec is None and "'phi3'" in model.unsupported
-    assert GgufModel(tiny_files["gemma3"]).spec.windows == (8, 8, 8, 8, 8, 0)
+    assert GgufModel(tiny_gguf_files["gemma3"]).spec.windows == (8, 8, 8, 8, 8, 0)
 
 
 # ---- the real Gemma 3 270M file ---------------------------------------------------------------------------
