@@ -284,13 +284,15 @@ FIXED_KS = tuple(int(k) for k in os.environ.get("TANDEM_NETNS_FIXED_KS", "1,2,3,
 def test_auto_draft_length_grows_with_the_round_trip_to_the_drafter(hosts, request, tmp_path):
     """The delay check of the automatic draft length: gateways with ``--draft-length auto`` on loopback and
     behind a link with AUTO_DELAY_MS each way; auto must fetch longer blocks from the drafter behind the delay (it measures the
-    round trip as per-round overhead), and every mode's greedy output must equal plain decoding. The fixed-k sweep under
+    round trip as per-round overhead), and every mode's greedy output must equal plain decoding. The Propose path
+    (--no-draft-ahead): drafting ahead takes the round trip off the critical path, so there auto has no reason
+    to draft longer blocks behind the delay (tandem bench --two-machine measures that path). The fixed-k sweep under
     the same conditions is printed beside auto (with -s) and saved to netns_auto.txt: timings are reported,
     not asserted."""
     model, target, drafter, prompts, max_tokens, chat = models_for(request)
     d = Deployment(hosts, tmp_path, target, drafter, prompts, max_tokens, chat)
     try:
-        auto = ["--draft-length", "auto", "--max-draft-length", str(max(FIXED_KS))]
+        auto = ["--draft-length", "auto", "--max-draft-length", str(max(FIXED_KS)), "--no-draft-ahead"]
         d.gateways({"loopback": ("loopback", auto), "delayed": ("delayed", auto)})
         plan = []
         for link, ms in (("loopback", 0), ("delayed", AUTO_DELAY_MS)):

@@ -213,15 +213,20 @@ def test_default_pair_seeded_output_is_drafter_invariant(lt, default_target, def
             return gws[gw].generate(gateway_pb2.GenerateRequest(prompt=prompt, chat=True, max_tokens=TOKENS,
                                                                 ignore_eos=True, sampling=sampling(seed),
                                                                 draft_length=k, **kw))
-        proposed = accepted = 0
+        proposed: dict[tuple, int] = {}
+        accepted: dict[tuple, int] = {}
         for i, prompt in enumerate(prompts):
             reference = run("plain", prompt, 100 + i, no_speculation=True)
             for gw, k in (("model", 0), ("model", 2), ("model", 6), ("lookup", 0)):
                 reply = run(gw, prompt, 100 + i, k)
                 assert same(reply, reference), f"prompt {i}, {gw} k={k or 'auto'}: {reply.text!r} != {reference.text!r}"
-                proposed += reply.stats.proposed
-                accepted += reply.stats.accepted
-        assert accepted > 0.2 * proposed, (accepted, proposed)
+                proposed[gw, k] = proposed.get((gw, k), 0) + reply.stats.proposed
+                accepted[gw, k] = accepted.get((gw, k), 0) + reply.stats.accepted
+        print("\n[seeded] accepted / proposed drafts, " + ", ".join(
+            f"{gw} k={k or 'auto'}: {accepted[gw, k]}/{proposed[gw, k]}" for gw, k in proposed))
+        # the drafter's noise lines up with the target's: at k = 2 a good share of drafts is accepted (about
+        # 0.4 at the first position, teacher-forced; independent noise would leave only sum p*q)
+        assert accepted["model", 2] > 0.15 * proposed["model", 2], (accepted, proposed)
         with ThreadPoolExecutor(4) as pool:
             replies = list(pool.map(lambda i: run("model", prompts[i % len(prompts)], 100 + i % len(prompts), 3),
                                     range(4)))
