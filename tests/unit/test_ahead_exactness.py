@@ -6,10 +6,14 @@ often in the N requests, and the first three tokens must follow the target's joi
 
 import asyncio
 
+import pytest
+
 from gateway.rounds import Request, generate_rounds
 from inprocess import LocalAheadDrafter, LocalVerifier
 from tandem.types import SamplingParams
-from test_exactness import ALPHA, PROMPT, SAMPLING, chi_square_p, drafter, exact_joint, one_thread, target  # noqa: F401
+from test_exactness import ALPHA, PROMPT, SAMPLING, chi_square_p, drafter, exact_joint, target  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 N = 8_000
 
