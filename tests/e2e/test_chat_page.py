@@ -124,7 +124,9 @@ def test_chat_page_streams_tokens_marked_by_origin(page_url, browser):
     assert set(origins) <= {"draft", "target", "lookup"} and origins[0] == "target"
     if ref["tandem"]["accepted"]:
         assert "draft" in origins
-    assert float(first["tau"]) == pytest.approx(ref["tandem"]["acceptance_length"], abs=0.01)
+    # another request: with drafting ahead, how many drafted tokens a round finds ready depends on timing, so
+    # the same greedy text may come from a few more or fewer accepted drafts
+    assert float(first["tau"]) == pytest.approx(ref["tandem"]["acceptance_length"], abs=0.1)
     assert float(first["tps"]) > 0 and "τ" in first["meta"] and "speculative" in first["meta"]
 
     # speculation off: every token is the target's

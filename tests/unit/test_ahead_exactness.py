@@ -15,7 +15,7 @@ from test_exactness import ALPHA, PROMPT, SAMPLING, chi_square_p, drafter, exact
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-N = 8_000
+N = 3_000
 
 
 def draw_ahead(target, drafter, n, sampling):
