@@ -278,7 +278,8 @@ def test_two_hosts_with_delay_keep_greedy_outputs_and_report_throughput(hosts, r
 
 
 AUTO_DELAY_MS = float(os.environ.get("TANDEM_NETNS_AUTO_DELAY_MS", "5"))     # each way: 10 ms added round trip
-FIXED_KS = tuple(int(k) for k in os.environ.get("TANDEM_NETNS_FIXED_KS", "2,6").split(","))   # the sweep printed beside auto (TANDEM_NETNS_FIXED_KS=1,2,3,4,6,8 for the full one)
+# the pinned k printed beside auto (TANDEM_NETNS_FIXED_KS=1,2,3,4,6,8 for the full sweep)
+FIXED_KS = tuple(int(k) for k in os.environ.get("TANDEM_NETNS_FIXED_KS", "2,6").split(","))
 
 
 def test_auto_draft_length_grows_with_the_round_trip_to_the_drafter(hosts, request, tmp_path):
