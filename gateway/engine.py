@@ -21,8 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gateway import tracing
-from gateway.config import (LOOKUP_ONLY_NAME, LOOKUP_ONLY_RULE, UNSEEDED_SAMPLING,  # noqa: F401 - re-exported
-                            GatewayConfig)
+from gateway.config import LOOKUP_ONLY_NAME, LOOKUP_ONLY_RULE, GatewayConfig
 from gateway.detokenizer import IncrementalDetokenizer, skipped_ids
 from gateway.draft_length import (AcceptanceEstimator, AutoDraftLength, CostModel, DraftLengthPolicy,
                                   PinnedDraftLength, ProbeRule, ProbeSchedule)

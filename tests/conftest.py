@@ -8,7 +8,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest  # noqa: E402
 
+from harness import LoopThread  # noqa: E402
 from tiny_models import make_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def lt():
+    """An asyncio loop on its own thread, for in-process servers (harness.LoopThread)."""
+    loop = LoopThread()
+    yield loop
+    loop.close()
 
 
 @pytest.fixture(scope="session")

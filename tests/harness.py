@@ -56,3 +56,29 @@ class Stack:
             if svc is not None:
                 self.lt.run(svc.stop(0))
         self.lt.close()
+
+
+class InProcessGateway:
+    """A gateway served in this process on ``lt`` in front of a verifier and one drafter (or none), with a
+    sync stub. ``config``: GatewayConfig fields over ``defaults``."""
+
+    def __init__(self, lt, verifier_addr, drafter_addr, defaults=None, **config):
+        from gateway.engine import GatewayConfig
+        from gateway.server import connect_gateway, start_gateway
+
+        self.lt = lt
+        config = {**(defaults or {}), **config}
+        self.gateway = lt.run(connect_gateway(verifier_addr, drafter_addr, GatewayConfig(**config), wait_s=60))
+        self.service = lt.run(start_gateway(self.gateway))
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.port}")
+        self.stub = gateway_grpc.GatewayStub(self.channel)
+
+    def generate(self, request, timeout: float = 120):
+        return self.stub.Generate(request, timeout=timeout)
+
+    def close(self):
+        self.channel.close()
+        self.lt.run(self.service.stop(0))
+        self.lt.run(self.gateway.verifier.close())
+        if self.gateway.drafter is not None:
+            self.lt.run(self.gateway.drafter.close())

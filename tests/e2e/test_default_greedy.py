@@ -7,7 +7,7 @@ servers on loopback (verifier with SmolLM2-135M-Instruct, drafter on ONNX Runtim
 import pytest
 import torch
 
-from conftest import spec_bench_prompts
+from spec_bench import spec_bench_prompts
 from harness import Stack
 from tandem.pb import gateway_pb2
 

@@ -15,7 +15,7 @@ import time
 import grpc
 import pytest
 
-from harness import LoopThread
+from harness import InProcessGateway
 from procs import ServiceProcess, wait_healthy, wait_until
 from tandem.pb import common_pb2, drafter_pb2, gateway_grpc, gateway_pb2, verifier_grpc, verifier_pb2
 
@@ -36,13 +36,6 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def lt():
-    loop = LoopThread()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def target(tiny_long_target_dir):
     from verifier_service.target import Target
 
@@ -58,26 +51,11 @@ def verifier(lt, target):
     lt.run(service.stop(0))
 
 
-class Gw:
-    """An in-process gateway and a client stub for it."""
-
-    def __init__(self, lt, verifier_addr, drafter_addr, **config):
-        from gateway.engine import GatewayConfig
-        from gateway.server import connect_gateway, start_gateway
-
-        config = dict(dict(draft_length=4, max_tokens_limit=512, drafter_retry_s=0.2, drafter_retry_max_s=1.0), **config)
-        self.lt = lt
-        self.gateway = lt.run(connect_gateway(verifier_addr, drafter_addr, GatewayConfig(**config), wait_s=60))
-        self.service = lt.run(start_gateway(self.gateway))
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.port}")
-        self.stub = gateway_grpc.GatewayStub(self.channel)
-
-    def close(self):
-        self.channel.close()
-        self.lt.run(self.service.stop(0))
-        self.lt.run(self.gateway.verifier.close())
-        if self.gateway.drafter is not None:
-            self.lt.run(self.gateway.drafter.close())
+def Gw(lt, verifier_addr, drafter_addr, **config) -> InProcessGateway:
+    """An in-process gateway and a client stub for it: k = 4, a failed drafter probed again quickly."""
+    return InProcessGateway(lt, verifier_addr, drafter_addr, dict(draft_length=4, max_tokens_limit=512,
+                                                                  drafter_retry_s=0.2, drafter_retry_max_s=1.0),
+                            **config)
 
 
 def test_drafter_killed_mid_generation_then_restarted(lt, target, verifier, tiny_long_drafter_onnx, tmp_path):

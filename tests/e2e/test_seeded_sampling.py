@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
 import pytest
 
-from harness import LoopThread
-from tandem.pb import common_pb2, gateway_grpc, gateway_pb2
+from harness import InProcessGateway
+from spec_bench import spec_bench_prompts
+from tandem.pb import common_pb2, gateway_pb2
 
 TOKENS = 64
 PROMPTS = ["w1 w5 w9 w20", "w7 w3 w7 w3 w11 w7"]
@@ -33,33 +33,11 @@ def req(prompt: str, seed: int, **kw) -> gateway_pb2.GenerateRequest:
                                        **kw)
 
 
-class Gateway:
-    """An in-process gateway in front of the shared verifier and one drafter (or none)."""
-
-    def __init__(self, lt, verifier_addr, drafter_addr, **config):
-        from gateway.engine import GatewayConfig
-        from gateway.server import connect_gateway, start_gateway
-
-        self.lt = lt
-        config = dict(dict(draft_length=0, max_tokens_limit=512, drafter_retry_s=30.0), **config)
-        self.gateway = lt.run(connect_gateway(verifier_addr, drafter_addr, GatewayConfig(**config), wait_s=60))
-        self.service = lt.run(start_gateway(self.gateway))
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.port}")
-        self.stub = gateway_grpc.GatewayStub(self.channel)
-
-    def generate(self, request) -> gateway_pb2.GenerateReply:
-        return self.stub.Generate(request, timeout=120)
-
-    def close(self):
-        self.channel.close()
-        self.lt.run(self.service.stop(0))
-
-
-@pytest.fixture(scope="module")
-def lt():
-    loop = LoopThread()
-    yield loop
-    loop.close()
+def Gateway(lt, verifier_addr, drafter_addr, **config) -> InProcessGateway:
+    """An in-process gateway in front of the shared verifier and one drafter (or none): auto k, a failed
+    drafter not probed again within the test."""
+    return InProcessGateway(lt, verifier_addr, drafter_addr, dict(draft_length=0, max_tokens_limit=512,
+                                                                  drafter_retry_s=30.0), **config)
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +171,6 @@ def test_stopping_the_drafter_mid_request_keeps_the_text(lt, verifier, plain, se
 def test_default_pair_seeded_output_is_drafter_invariant(lt, default_target, default_drafter):
     """Spec-Bench prompts x 64 tokens at temperature 0.8, top-p 0.95: auto, k = 2 and 6, prompt lookup on, and 4
     at once, each byte-identical to plain decoding with the same seed."""
-    from conftest import spec_bench_prompts
     from drafter_service.lookup_drafter import LookupDrafter
     from drafter_service.server import start_drafter
     from verifier_service.server import start_verifier

@@ -7,7 +7,6 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from harness import LoopThread
 from tandem.pb_convert import info_to_pb
 from tandem.pb import common_pb2, drafter_pb2, gateway_grpc, gateway_pb2
 from tandem.serving import start_service
@@ -71,13 +70,6 @@ def _register(server, servicer, garbage: bool):
             getattr(servicer, m.name), request_deserializer=message_factory.GetMessageClass(m.input_type).FromString,
             response_serializer=serialize)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))
-
-
-@pytest.fixture(scope="module")
-def lt():
-    loop = LoopThread()
-    yield loop
-    loop.close()
 
 
 @pytest.fixture(scope="module")
