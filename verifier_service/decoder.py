@@ -178,8 +178,8 @@ class Decoder:
     @property
     def max_exact_rows(self) -> int:
         """The most rows one forward may hold with every row computed as it would be alone: the row-by-row
-        attention bound and the GGUF block kernel's (wider inputs dequantize and run torch's GEMM)."""
-        return min(ROW_BY_ROW_MAX, WIDE_ROWS)
+        attention bound, which is the GGUF block kernel's (wider inputs dequantize and run torch's GEMM)."""
+        return ROW_BY_ROW_MAX
 
     @property
     def max_length(self) -> int:

@@ -96,7 +96,7 @@ class TargetModel:
                               vocab_hash=self.tokenizer_info.vocab_hash, max_context=max_context,
                               eos_token_ids=self.tokenizer_info.eos_token_ids)
         self.max_block = int(max_block)
-        exact_bound = getattr(self.decoder, "max_exact_rows", None) if exact_rows else None
+        exact_bound = self.decoder.max_exact_rows if self.decoder is not None and exact_rows else None
         if exact_bound is not None and self.max_block + 1 > exact_bound:
             raise ValueError(f"--max-block {self.max_block}: a block of more than {exact_bound - 1} drafts would "
                              f"not be computed as plain steps compute its rows; use --max-block {exact_bound - 1} "
