@@ -57,8 +57,9 @@ def test_a_propose_past_max_context_is_refused_and_kept_nowhere(tiny_long_drafte
             again = stub.Propose(drafter_pb2.ProposeRequest(session_id="kept", prefix_length=3, appended_tokens=[4],
                                                             k=2, session_token="t"), timeout=30)
             assert len(again.tokens) == 2
-        # 2 M ids held as a session's context cost ~93 MB each before; refused, nothing accumulates (the
-        # least of the last readings: one may catch a request's buffers not yet freed)
-        assert min(rss[-3:]) - rss[0] < 16 << 20, [r >> 20 for r in rss]
+        # 2 M ids held as a session's context cost ~93 MB each before (8 kept: ~750 MB); refused, nothing
+        # accumulates. The least of the last readings (one may catch a request's buffers not yet freed), with
+        # room for allocator fragmentation (17 MB seen on a CI host), well under one kept session
+        assert min(rss[-3:]) - rss[0] < 40 << 20, [r >> 20 for r in rss]
     finally:
         drafter.close()
