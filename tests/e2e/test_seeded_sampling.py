@@ -5,7 +5,7 @@ local copies, on or off), 4 requests at once, or the drafter stopped mid-request
 Tiny models: the tiny target with two drafters, a different tiny model (many rejections) and the target
 itself exported to ONNX (nearly every draft accepted, which shows the drafter's noise positions line up
 with the verifier's). The default pair: ``test_default_pair_seeded_output_is_drafter_invariant``
-(integration), over TANDEM_SEEDED_PROMPTS Spec-Bench prompts (default 3) x 64 tokens.
+(integration), over TANDEM_SEEDED_PROMPTS Spec-Bench prompts (default 2) x 64 tokens.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def test_default_pair_seeded_output_is_drafter_invariant(lt, default_target, def
     from drafter_service.server import start_drafter
     from verifier_service.server import start_verifier
 
-    count = int(os.environ.get("TANDEM_SEEDED_PROMPTS", "3"))
+    count = int(os.environ.get("TANDEM_SEEDED_PROMPTS", "2"))
     categories = ["writing", "coding", "math_reasoning", "extraction", "summarization", "translation", "qa", "rag",
                   "reasoning", "roleplay", "stem", "humanities"]
     prompts = [text for _, _, text in spec_bench_prompts(categories, per_category=2)][:count]
