@@ -32,6 +32,13 @@ def configure(p) -> None:
          "own prompt and output; off = no suffix drafting")
     flag(p, "suffix-memory-tokens", 1_000_000, int, help="global suffix drafting keeps at most this many tokens of "
          "finished sessions' text (about 350 bytes each), the least recently used evicted first")
+    flag(p, "suffix-seed", "auto", help="text global suffix drafting starts from (JSON lines of token ids, gzip or "
+         "plain; drafter_service/suffix_store.py): comma-separated files; 'auto' = the drafter directory's "
+         "suffix_seed.jsonl.gz (the shipped drafter's: its target's answers to training questions); 'none'")
+    flag(p, "suffix-store", None, help="keep what global suffix drafting learned across restarts: read this file at "
+         "start (when it exists), write it at stop and every --suffix-save-interval seconds (owner-only, 0600: it "
+         "holds the sessions' text)")
+    flag(p, "suffix-save-interval", 300.0, float, help="seconds between writes of --suffix-store (0: at stop only)")
     flag(p, "prefill-chunk", 512, int, help="most context tokens the drafter feeds in one ONNX run (a 4 000-token "
          "prompt: ~1 s in chunks vs 4-7 s and 3.3 GB in one run); 0 = one run")
     flag(p, "session-ttl", 600.0, float, help="seconds after which an idle session's KV cache is freed")
@@ -53,12 +60,68 @@ async def run(args) -> int:
                            prefill_chunk=args.prefill_chunk, lookup_max_ngram=args.lookup_ngram,
                            lookup_min_ngram=args.lookup_min_ngram, lookup_trust_ngram=args.lookup_trust_ngram,
                            lookup_check_confidence=args.lookup_check_confidence, suffix=args.suffix == "on",
-                           suffix_scope=args.suffix_scope, suffix_memory_tokens=args.suffix_memory_tokens)
+                           suffix_scope=args.suffix_scope, suffix_memory_tokens=args.suffix_memory_tokens,
+                           suffix_seed=args.suffix_seed, suffix_store=args.suffix_store)
+    store = SuffixStoreKeeper.of(drafter, args.suffix_store, args.suffix_save_interval)
     loading.enter("warming")
     warm(drafter)                                       # before tracing: the warm-up is nobody's trace
     tracing = telemetry.setup("tandem-drafter")
     service = await start_drafter(drafter, args.host, args.port, interceptors=tracing.server_interceptors())
-    return await serve_until_stopped(service, f"drafter ({drafter.info.model_name})", args, tracing)
+    if store is not None:
+        store.start()
+    return await serve_until_stopped(service, f"drafter ({drafter.info.model_name})", args, tracing,
+                                     on_stop=store.stop if store is not None else None)
+
+
+class SuffixStoreKeeper:
+    """Writes the global suffix index to ``--suffix-store`` every ``interval`` seconds and at stop (off the
+    event loop: a million tokens take a few seconds to write)."""
+
+    def __init__(self, index, path: str, interval: float):
+        self.index, self.path, self.interval = index, path, interval
+        self._task = None
+
+    @classmethod
+    def of(cls, drafter, path: str | None, interval: float):
+        from drafter_service.suffix_drafter import SuffixDrafter
+
+        if isinstance(drafter, SuffixDrafter) and drafter.index is not None:
+            print(f"[drafter] suffix index: {drafter.index.tokens} tokens read in "
+                  f"({drafter.index.sequences()} sequences)", flush=True)
+            return cls(drafter.index, path, interval) if path else None
+        if path:
+            raise ValueError("--suffix-store keeps the global suffix index: turn suffix drafting on (--suffix on, "
+                             "or --drafter suffix) with --suffix-scope global")
+        return None
+
+    def start(self) -> None:
+        import asyncio
+
+        if self.interval > 0:
+            self._task = asyncio.get_running_loop().create_task(self._every())
+
+    async def _every(self) -> None:
+        import asyncio
+
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.save()
+
+    async def save(self) -> None:
+        import asyncio
+
+        from drafter_service import suffix_store
+
+        try:
+            tokens = await asyncio.get_running_loop().run_in_executor(None, suffix_store.save, self.index, self.path)
+            print(f"[drafter] suffix index: {tokens} tokens written to {self.path}", flush=True)
+        except OSError as exc:                  # a full disk costs what was learned since the last write, not the node
+            print(f"[drafter] suffix index: cannot write {self.path}: {exc}", flush=True)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        await self.save()
 
 
 def warm(drafter, prompt_tokens: int = 64, rounds: int = 3) -> None:

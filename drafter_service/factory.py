@@ -68,12 +68,14 @@ def drafter_kind(path: str | os.PathLike) -> str:
 
 def load_drafter(path: str | os.PathLike, *, lookup_max_ngram: int = 0, lookup_min_ngram: int = 2,
                  lookup_trust_ngram: int = 1, lookup_check_confidence: float = 0.5, suffix: bool = False,
-                 suffix_scope: str = "global", suffix_memory_tokens: int | None = None, **options) -> Drafter:
+                 suffix_scope: str = "global", suffix_memory_tokens: int | None = None,
+                 suffix_seed: str | None = "auto", suffix_store: str | os.PathLike | None = None, **options) -> Drafter:
     """The drafter at ``path`` (a directory with drafter.json, or a model file), built by its kind's loader
     with ``options`` (for "model": threads, providers, support_size, session_ttl_s, max_sessions,
     prefill_chunk); wrapped with prompt lookup when ``lookup_max_ngram`` > 0, and with suffix drafting in
     front when ``suffix`` is set and ``suffix_scope`` is not "off". ``path`` "suffix": the model-free
-    suffix drafter (``session_ttl_s`` and ``max_sessions`` apply; model and lookup options are ignored)."""
+    suffix drafter (``session_ttl_s`` and ``max_sessions`` apply; model and lookup options are ignored).
+    Global suffix drafting starts with what ``suffix_index_files`` names read in (seeds, then the store)."""
     from drafter_service.suffix import DEFAULT_MEMORY_TOKENS
     from drafter_service.suffix_drafter import SuffixDrafter, check_scope
 
@@ -81,7 +83,8 @@ def load_drafter(path: str | os.PathLike, *, lookup_max_ngram: int = 0, lookup_m
     memory = DEFAULT_MEMORY_TOKENS if suffix_memory_tokens is None else int(suffix_memory_tokens)
     if str(path) in MODEL_FREE_KINDS:
         sessions = {k: options[k] for k in ("session_ttl_s", "max_sessions") if k in options}
-        return SuffixDrafter(None, scope=suffix_scope, memory_tokens=memory, **sessions)
+        return _seeded(SuffixDrafter(None, scope=suffix_scope, memory_tokens=memory, **sessions),
+                       suffix_index_files(path, suffix_seed, suffix_store, suffix_scope))
     kind = drafter_kind(path)
     loader = _KINDS.get(kind)
     if loader is None:
@@ -98,5 +101,38 @@ def load_drafter(path: str | os.PathLike, *, lookup_max_ngram: int = 0, lookup_m
         drafter = LookupDrafter(drafter, max_ngram=lookup_max_ngram, min_ngram=lookup_min_ngram,
                                 trust_ngram=lookup_trust_ngram, check_confidence=lookup_check_confidence)
     if suffix and suffix_scope != "off":
-        drafter = SuffixDrafter(drafter, scope=suffix_scope, memory_tokens=memory)
+        drafter = _seeded(SuffixDrafter(drafter, scope=suffix_scope, memory_tokens=memory),
+                          suffix_index_files(path, suffix_seed, suffix_store, suffix_scope))
+    return drafter
+
+
+SEED_FILE = "suffix_seed.jsonl.gz"      # a drafter directory's seed: text its target wrote (suffix_store)
+
+
+def suffix_index_files(path, seed: str | None, store, scope: str) -> list[Path]:
+    """The files global suffix drafting starts from, in the order read: the seeds (``seed``: "auto" = the
+    drafter directory's SEED_FILE when it has one, "none"/None/"" = none, else comma-separated paths), then
+    the store (``store``) when it exists (the traffic learned before: read last, evicted last)."""
+    explicit = seed not in (None, "", "auto", "none")
+    if scope != "global":
+        if explicit or store:
+            raise ValueError("--suffix-seed and --suffix-store fill the global suffix index: they need "
+                             f"--suffix-scope global (got {scope!r})")
+        return []
+    if seed == "auto":
+        files = [Path(path) / SEED_FILE] if Path(path).is_dir() and (Path(path) / SEED_FILE).is_file() else []
+    elif explicit:
+        files = [Path(p.strip()) for p in str(seed).split(",") if p.strip()]
+    else:
+        files = []
+    if store and Path(store).exists():
+        files.append(Path(store))
+    return files
+
+
+def _seeded(drafter, files: list[Path]):
+    from drafter_service import suffix_store
+
+    for f in files:
+        suffix_store.load(drafter.index, f)
     return drafter

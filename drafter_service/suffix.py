@@ -193,7 +193,20 @@ class SuffixIndex:
                 elif len(kept) < len(found):
                     keys[key] = array("q", kept)
 
+    def add(self, tokens: Sequence[int]) -> int:
+        """Stores ``tokens`` as a finished (released, evictable) sequence: text learned elsewhere, read
+        back from disk (drafter_service.suffix_store). Returns its number."""
+        seq_no = self.open()
+        self.extend(seq_no, tokens)
+        self.release(seq_no)
+        return seq_no
+
     # ---- reading -------------------------------------------------------------------------------------
+    def released(self) -> list[list[int]]:
+        """The finished sequences' tokens, least recently used first (the order ``add`` restores them in)."""
+        with self._lock:
+            return [list(self._seqs[n]) for n in self._lru if n in self._seqs]
+
     def sequences(self) -> int:
         with self._lock:
             return len(self._seqs)

@@ -85,6 +85,8 @@ def configure(p) -> None:
          "(default 0), drafter on --drafter-cpus (default 1), --delays of added round trip; plain, lookup-only "
          "(no drafter node) and auto per delay (tandem.bench.two_machine)", cast=bool)
     flag(g, "delays", "0,5,20", help="--two-machine: added round trips between gateway and drafter, in ms")
+    flag(g, "drafter-nodes", None, help="--two-machine: ';'-separated drafter nodes compared in the sitting, each a "
+         "drafter and its serve-drafter flags, e.g. 'default;default --suffix off;suffix' (default: --drafter)")
     flag(g, "concurrency", "", help="N clients at once, e.g. 1,2,4,8: aggregate tok/s and p50/p95 inter-token "
          "latency, Tandem plain and auto over HTTP beside llama-server --parallel N (tandem.bench.concurrency)")
     flag(g, "concurrency-requests", 2, int, help="--concurrency: requests each client sends, one after another")

@@ -13,7 +13,10 @@ prompt over gRPC:
   lookup over the sequence: what speculation gives without the drafter box;
 * ``auto@Dms``: auto draft length with the drafter node behind D ms of added round trip;
 * ``no-ahead@Dms``: the same with ``--no-draft-ahead`` (a Propose call per block instead of a block
-  drafted while the last one was verified), where the gateway has that flag.
+  drafted while the last one was verified), where the gateway has that flag;
+* with ``--drafter-nodes`` (several drafter nodes compared in the sitting, e.g. the shipped drafter and the
+  model-free ``suffix`` node), the auto modes of each further node are named ``<node>:auto@Dms``; the
+  no-ahead modes run for the first node only.
 
 Per mode: tokens/s (request and decode), ratios to plain and to lookup-only, the rounds by where
 their block came from (``RoundStats.source``: copy, ahead, wait, propose, or none: a plain step),
@@ -50,6 +53,23 @@ def gateway_flags() -> set[str]:
     p = argparse.ArgumentParser()
     configure(p)
     return {s for a in p._actions for s in a.option_strings}
+
+
+def drafter_nodes(spec: str | None, drafter: str) -> list[tuple[str, list[str]]]:
+    """The drafter nodes of the sitting: (label, serve-drafter flags) for each ';'-separated entry of
+    ``spec`` (a drafter name or path, then its flags: "default --suffix off"); [``drafter``] when empty."""
+    import shlex
+
+    out = []
+    for entry in [e.strip() for e in (spec or "").split(";") if e.strip()] or [drafter]:
+        words = shlex.split(entry)
+        flags = words if words[0].startswith("--") else ["--drafter", *words]
+        if "--drafter" not in flags:
+            flags = ["--drafter", drafter, *flags]
+        out.append((entry, flags))
+    if len({label for label, _ in out}) < len(out):
+        raise ValueError(f"--drafter-nodes names a node twice: {spec!r}")
+    return out
 
 
 def start_relay(to: str, delay_ms: float, cpus: str | None, log_dir: Path) -> tuple[subprocess.Popen, int]:
@@ -94,6 +114,9 @@ def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print
     if len(ahead_variants) == 1:
         results["notes"].append("no-ahead modes not run: this gateway has no --no-draft-ahead")
     nodes = Cluster(log_dir)
+    node_specs = drafter_nodes(getattr(args, "drafter_nodes", None), args.drafter)
+    results["drafter_nodes"] = [label for label, _ in node_specs]
+    drafter_clusters = [Cluster(log_dir / f"drafter-{i}") for i in range(len(node_specs))]
     gateways: list[tuple[str, Cluster]] = []
     relays: list[subprocess.Popen] = []
     runners: dict[str, object] = {}
@@ -101,24 +124,29 @@ def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print
         t0 = time.perf_counter()
         nodes.spawn("verifier", ["--target", args.target, "--threads", str(args.verifier_threads or 1),
                                  "--cpus", v_cpus], label="verifier")
-        nodes.spawn("drafter", ["--drafter", args.drafter, "--threads", str(args.drafter_threads),
-                                "--cpus", d_cpus], label="drafter")
+        for (label, flags), cluster in zip(node_specs, drafter_clusters):
+            cluster.log_dir.mkdir(parents=True, exist_ok=True)
+            cluster.spawn("drafter", [*flags, "--threads", str(args.drafter_threads), "--cpus", d_cpus],
+                          label=f"drafter {label}")
         deadline = time.monotonic() + args.startup_timeout
-        nodes.wait_up(["verifier", "drafter"], deadline)
+        nodes.wait_up(["verifier"], deadline)
+        for cluster in drafter_clusters:
+            cluster.wait_up(["drafter"], deadline)
         verifier = f"127.0.0.1:{nodes.ports['verifier']}"
-        drafter = f"127.0.0.1:{nodes.ports['drafter']}"
-        results["models"] = fetch_info(verifier, drafter)
+        drafters = [f"127.0.0.1:{c.ports['drafter']}" for c in drafter_clusters]
+        results["models"] = fetch_info(verifier, drafters[0])
         common = ["--verifier", verifier, "--draft-length", "auto", "--max-draft-length", str(args.max_draft_length),
                   "--http-port", "-1", "--cpus", v_cpus]
         specs: list[tuple[str, list[str]]] = [(LOOKUP_ONLY, [*common, "--lookup-only", "--drafter", ""])]
         for d in delays:
-            proc, port = start_relay(drafter, d, d_cpus, log_dir)
-            relays.append(proc)
-            for ahead in ahead_variants:
-                specs.append((auto_name(d, ahead), [*common, "--drafter", f"127.0.0.1:{port}",
-                                                     *([] if ahead else ["--no-draft-ahead"])]))
+            for i, ((label, _), drafter) in enumerate(zip(node_specs, drafters)):
+                proc, port = start_relay(drafter, d, d_cpus, log_dir / f"drafter-{i}")
+                relays.append(proc)
+                for ahead in ahead_variants if i == 0 else [True]:
+                    specs.append(((f"{label}:" if i else "") + auto_name(d, ahead),
+                                  [*common, "--drafter", f"127.0.0.1:{port}", *([] if ahead else ["--no-draft-ahead"])]))
         for name, flags in specs:
-            gw = Cluster(log_dir / name.replace("@", "-"))
+            gw = Cluster(log_dir / "".join(c if c.isalnum() or c in "-_." else "-" for c in name))
             gw.log_dir.mkdir(parents=True, exist_ok=True)
             gw.spawn("gateway", flags, label=f"gateway {name}")
             gateways.append((name, gw))
@@ -166,6 +194,8 @@ def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print
                 proc.wait(5)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        for cluster in drafter_clusters:
+            cluster.stop()
         nodes.stop()
 
 

@@ -116,3 +116,49 @@ def test_suffix_in_front_of_the_model_keeps_greedy_output(tiny_target_dir, tiny_
             assert list(spec.token_ids) == list(plain.token_ids) and spec.stats.draft_model.endswith("+suffix")
     finally:
         s.close()
+
+
+def test_what_the_node_learned_survives_a_restart(tmp_path):
+    """``tandem serve-drafter --drafter suffix --suffix-store F``: a session's text served before SIGTERM is
+    written to F (owner-only) and drafted from after a restart; a corrupt F stops the start with its line."""
+    import os
+    import stat
+
+    from procs import ServiceProcess, wait_healthy
+
+    store = tmp_path / "home" / "suffix.jsonl.gz"
+    args = ["--drafter", "suffix", "--suffix-store", str(store), "--port", "0"]
+
+    def propose(port, sid, prefix, tokens):
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            return [t.token_id for t in drafter_grpc.DrafterStub(channel).Propose(drafter_pb2.ProposeRequest(
+                session_id=sid, prefix_length=prefix, appended_tokens=tokens, k=4, session_token="t"),
+                timeout=30).tokens]
+
+    first = ServiceProcess("drafter", args, tmp_path, name="first")
+    try:
+        port = first.wait_port(60)
+        wait_healthy(f"127.0.0.1:{port}")
+        propose(port, "a", 0, [1, 2, 3, 500, 501, 502, 503, 504, 505])
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            drafter_grpc.DrafterStub(channel).EndSession(common_pb2.EndSessionRequest(session_id="a",
+                                                                                      session_token="t"), timeout=10)
+    finally:
+        first.close(30)
+    assert first.proc.returncode == 0, first.tail()
+    assert store.exists() and stat.S_IMODE(os.stat(store).st_mode) == 0o600, first.tail()
+    second = ServiceProcess("drafter", args, tmp_path, name="second")
+    try:
+        port = second.wait_port(60)
+        wait_healthy(f"127.0.0.1:{port}")
+        assert "9 tokens read in" in second.log_path.read_text()
+        assert propose(port, "b", 0, [7, 500, 501, 502]) == [503, 504, 505]    # a's text, from the file
+    finally:
+        second.close(30)
+    store.write_bytes(b'{"tokens": [1, 2]}\n{"tokens": "x"}\n')
+    broken = ServiceProcess("drafter", args, tmp_path, name="broken")
+    try:
+        assert broken.proc.wait(60) != 0
+        assert f"suffix file {store} line 2" in broken.tail(), broken.tail()
+    finally:
+        broken.close()

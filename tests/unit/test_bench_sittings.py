@@ -323,7 +323,8 @@ def questions_file(tmp_path):
 def test_two_machine_sitting_on_tiny_models(tmp_path, questions_file, tiny_target_dir, tiny_target_export):
     """The drafter is the tiny target itself (every draft accepted), so auto drafts through the relay at
     0 ms; the gateways at 30 ms talk to the drafter through their own relay; the lookup-only gateway
-    never calls a drafter; every output equals plain decoding. (At 30 ms auto may rightly stop drafting
+    never calls a drafter; every output equals plain decoding. A second drafter node (the model-free
+    ``suffix``) runs beside the first, behind relays of its own. (At 30 ms auto may rightly stop drafting
     for so fast a target: the relay's delay itself is tested on sockets above.)"""
     import json
 
@@ -332,21 +333,25 @@ def test_two_machine_sitting_on_tiny_models(tmp_path, questions_file, tiny_targe
     out = tmp_path / "out"
     cli, args = _bench_args("--two-machine", "--delays", "0,30", "--target", str(tiny_target_dir), "--drafter",
                             str(tiny_target_export[0]), "--questions", str(questions_file), "--split", "all",
-                            "--out", str(out))
+                            "--drafter-nodes", f"{tiny_target_export[0]};suffix", "--out", str(out))
     assert cli.run(args) == 0
     r = json.loads((out / "results.json").read_text())
     a = r["analysis"]
-    assert r["modes"] == ["plain", "lookup-only", "auto@0ms", "no-ahead@0ms", "auto@30ms", "no-ahead@30ms"]
+    assert r["modes"] == ["plain", "lookup-only", "auto@0ms", "no-ahead@0ms", "suffix:auto@0ms", "auto@30ms",
+                          "no-ahead@30ms", "suffix:auto@30ms"]
     assert not a["mismatches"] and not a["errors"]
     lookup = a["modes"][T.LOOKUP_ONLY]["sources"]
     assert lookup["drafted_rounds"] == 0 and set(lookup["rounds"]) <= {"plain", "copy"}
     assert set(a["modes"][T.PLAIN]["sources"]["rounds"]) == {"plain"}
     drafter = lambda m: r["gateway_commands"][m][r["gateway_commands"][m].index("--drafter") + 1]
     assert drafter("auto@0ms") == drafter("no-ahead@0ms") != drafter("auto@30ms") == drafter("no-ahead@30ms")
+    assert len({drafter("auto@0ms"), drafter("suffix:auto@0ms"), drafter("suffix:auto@30ms")}) == 3
     assert a["modes"]["no-ahead@0ms"]["sources"]["rounds"].get("ahead", 0) == 0
     drafter_name = r["models"]["drafter"]["model_name"]
     for s in r["samples"]:                     # every speculative gateway reached the drafter through its relay
-        if "@" in s["mode"]:
+        if s["mode"].startswith("suffix:"):
+            assert s["server"]["draft_model"] == "suffix" and s["server"]["speculative"]
+        elif "@" in s["mode"]:
             assert s["server"]["draft_model"] == drafter_name and s["server"]["speculative"]
         elif s["mode"] == T.LOOKUP_ONLY:
             assert s["server"]["draft_model"] != drafter_name
