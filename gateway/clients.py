@@ -99,7 +99,7 @@ class VerifierClient:
         reply = await self._call(self.stub.Verify, verifier_pb2.VerifyRequest(
             session_id=session_id, draft=draft_to_pb(draft), session_token=token))
         return VerifyOutcome(reply.accepted, reply.next_token, reply.bonus, reply.compute_ms, reply.queue_ms,
-                             reply.forward_ms)
+                             reply.forward_ms, reply.forward_rows)
 
     async def end(self, session_id: str, token: str = "") -> None:
         await _not_past_deadline(self.stub.EndSession(common_pb2.EndSessionRequest(session_id=session_id,

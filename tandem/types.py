@@ -101,7 +101,8 @@ class VerifyOutcome:
 
     Times (verifier side): ``forward_ms`` the target forward the block was part of (shared with the other
     sessions' blocks batched into it), ``compute_ms`` that forward plus the block's acceptance rule,
-    ``queue_ms`` the wait before that forward (other forwards, prefill chunks).
+    ``queue_ms`` the wait before that forward (other forwards, prefill chunks); ``forward_rows`` the rows of
+    that forward, this block's and the other sessions' (0: not reported).
     """
 
     accepted: int
@@ -110,6 +111,7 @@ class VerifyOutcome:
     compute_ms: float = 0.0
     queue_ms: float = 0.0
     forward_ms: float = 0.0
+    forward_rows: int = 0
 
 
 @dataclass(frozen=True)

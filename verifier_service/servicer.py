@@ -34,7 +34,8 @@ class VerifierServicer(verifier_grpc.VerifierServicer):
         self.metrics.verified(len(request.draft), outcome)
         return verifier_pb2.VerifyReply(accepted=outcome.accepted, next_token=outcome.next_token,
                                         bonus=outcome.bonus, compute_ms=outcome.compute_ms,
-                                        queue_ms=outcome.queue_ms, forward_ms=outcome.forward_ms)
+                                        queue_ms=outcome.queue_ms, forward_ms=outcome.forward_ms,
+                                        forward_rows=outcome.forward_rows)
 
     @abort_on_error
     async def EndSession(self, request, context):

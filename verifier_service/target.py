@@ -185,7 +185,8 @@ class Target(TargetModel):
             work.timing = (t0, t1, t2, rows, len(ready))
             _settle(work.future, VerifyOutcome(result.accepted, result.next_token, result.bonus,
                                                compute_ms=(t2 - t0) * 1e3,
-                                               queue_ms=(t0 - work.submitted) * 1e3, forward_ms=(t1 - t0) * 1e3))
+                                               queue_ms=(t0 - work.submitted) * 1e3, forward_ms=(t1 - t0) * 1e3,
+                                               forward_rows=rows))
 
     @torch.inference_mode()
     def run_prefill(self, work: PrefillWork, chunk: int) -> None:

@@ -21,6 +21,16 @@ and a block the gateway copies itself by prompt lookup (no drafter call) t_verif
   timed also measures the plain part. Until a speculative round is measured, the drafter's round trip
   is the one a ping measured (``seed_drafter_round_trip``).
 
+Several clients at once: the verifier batches the blocks of the sessions waiting into one forward
+(``VerifyOutcome.forward_rows``: this block's rows and the others'). A verify time is learned at the
+width of the whole forward (its rows - 1), and ``other_rows`` is a decayed mean of the rows other
+sessions bring. With o of them, a block of k draft tokens makes this session's round cost t_verify(o + k)
+and holds up each of the o others' rounds by t_verify(o + k) - t_verify(o); the choice counts that delay
+against the block too (its cost is the session's round plus o times the delay it adds), so as more
+sessions share the forward, only blocks that are likely accepted are drafted: a draft row's compute then
+takes a share of a forward that every session waits for. With no other rows the rule is the
+single-session one.
+
 The draft cost, the verify cost and the drafter's round trip are learned apart (``draft_ms_per_token``,
 ``verify_curve``, ``drafter_round_trip_ms``); ``round_curve`` adds them up. Unobserved figures default
 to 0 (optimism under uncertainty): a wrong guess is tried once, measured and corrected, whereas a
@@ -96,6 +106,7 @@ class CostModel:
         self._catch_up_per_token = _Ewma(alpha)
         self._plain_overhead = _Ewma(alpha)
         self._spec_overhead = _Ewma(alpha)
+        self._others = _Ewma(alpha)             # other sessions' rows in the forwards that verified ours
         self._pinged_round_trip = 0.0          # a ping of the drafter (GetInfo), until Propose calls are measured
         self._fit: list[tuple[int, float]] | None = None
         self._curve: list[float] = []          # verify ms per width 0.., read off the current fit
@@ -121,7 +132,9 @@ class CostModel:
     def observe(self, fig: RoundFigures) -> None:
         """Learns from one round (not the prefill)."""
         self.rounds_observed += 1
-        self._verify.setdefault(fig.width, _Ewma(self.alpha)).add(max(0.0, fig.verify_ms))
+        others = fig.other_rows
+        self._others.add(float(others))
+        self._verify.setdefault(fig.width + others, _Ewma(self.alpha)).add(max(0.0, fig.verify_ms))
         self._fit = None
         if not fig.speculative:
             self._plain_overhead.add(max(0.0, fig.round_ms - fig.verify_ms))
@@ -224,11 +237,27 @@ class CostModel:
         return self.speculative_overhead_ms - self.plain_overhead_ms
 
     # ---- rounds -----------------------------------------------------------------------------------
+    @property
+    def other_rows(self) -> int:
+        """Rows other sessions' blocks are expected to bring to the forward that verifies ours (decayed mean,
+        rounded; 0 for a lone session)."""
+        return int(round(self._others.mean)) if self._others.known else 0
+
+    def _batched_verify(self, top: int) -> list[float]:
+        """What a block of k = 0..top draft tokens costs in verify time, with ``other_rows`` sharing the
+        forward: this session's round, t(o + k), plus the delay it adds to the o others' rounds,
+        o * (t(o + k) - t(o)) (module docstring). ``verify_curve`` when o = 0."""
+        o = self.other_rows
+        curve = self.verify_curve(top + o)
+        if not o:
+            return curve[:top + 1]
+        return [curve[o + k] + o * (curve[o + k] - curve[o]) for k in range(top + 1)]
+
     def round_curve(self, top: int, lookup_tokens: int = 0) -> list[float]:
         """Expected wall ms of a round for k = 0..top (the first ``lookup_tokens`` of a block copied by the
         drafter's lookup). k = 0 is a plain step: verify at width 0 and the plain overhead, no draft and
-        no drafter round trip."""
-        verify = self.verify_curve(top)
+        no drafter round trip. Other sessions' rows in the forward: ``_batched_verify``."""
+        verify = self._batched_verify(top)
         overhead = self.speculative_overhead_ms         # the plain overhead and the drafter's round trip
         per_model, per_lookup = self._draft_per_token.mean, self._lookup_per_token.mean
         lookup = max(0, lookup_tokens)
@@ -243,7 +272,7 @@ class CostModel:
         """Expected wall ms of a round for k = 0..top whose block the gateway copies by prompt lookup itself:
         no drafter call, so no draft time and no drafter round trip."""
         plain = self._plain_overhead.mean
-        return [v + plain for v in self.verify_curve(top)[:top + 1]]
+        return [v + plain for v in self._batched_verify(top)]
 
     def table(self, max_width: int = 8) -> dict[str, float]:
         """Plain figures for display and Prometheus gauges."""
@@ -255,5 +284,6 @@ class CostModel:
                    speculative_overhead_ms=round(self.speculative_overhead_ms, 4),
                    drafter_round_trip_ms=round(self.drafter_round_trip_ms, 4),
                    drafter_ping_ms=round(self._pinged_round_trip, 4),
+                   other_rows=round(self._others.mean, 4),
                    rounds_observed=float(self.rounds_observed))
         return out

@@ -24,6 +24,7 @@ class RoundFigures:
     lookup_predicted: int = 0           # lookup tokens the gateway predicted at the block's head (its choice of k)
     lookup_ngram: int = 0               # the n-gram length that prediction was found by (0: none / unknown)
     catch_up: int = 0                   # context tokens the drafter had not seen before this call (read first)
+    forward_rows: int = 0               # rows of the verifier's forward, other sessions' included (0: unknown)
 
     def __post_init__(self):
         if self.from_lookup and len(self.from_lookup) != self.width:
@@ -35,6 +36,11 @@ class RoundFigures:
     def speculative(self) -> bool:
         """Whether the round called the drafter (a block the gateway copied itself did not)."""
         return self.width > 0 if self.drafter_called is None else bool(self.drafter_called)
+
+    @property
+    def other_rows(self) -> int:
+        """Rows of other sessions' blocks in the forward that verified this block (0 when not reported)."""
+        return max(0, self.forward_rows - (self.width + 1)) if self.forward_rows else 0
 
     @property
     def lookup_tokens(self) -> int:
@@ -53,4 +59,5 @@ class RoundFigures:
         return cls(width=len(tokens), accepted=int(outcome.accepted), verify_ms=float(outcome.compute_ms),
                    round_ms=float(round_ms), draft_ms=float(proposal.compute_ms),
                    from_lookup=tuple(bool(getattr(t, "from_lookup", False)) for t in tokens),
-                   drafter_called=drafter_called, propose_wall_ms=propose_wall_ms)
+                   drafter_called=drafter_called, propose_wall_ms=propose_wall_ms,
+                   forward_rows=int(getattr(outcome, "forward_rows", 0) or 0))

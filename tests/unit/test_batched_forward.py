@@ -108,9 +108,10 @@ def target(tiny_gguf_files):
     return tiny_target(tiny_gguf_files["llama"])
 
 
-def decode(target, prompts, steps, drafts):
+def decode(target, prompts, steps, drafts, rows=None):
     """Greedy decoding of every prompt at once (asyncio, one task each): ``steps`` rounds, each sending the
-    block ``drafts(i, step)``; returns the tokens of each, and the forwards' (kind, sessions) the scheduler ran."""
+    block ``drafts(i, step)``; returns the tokens of each, and the forwards' (kind, sessions) the scheduler ran;
+    ``rows`` (if given) collects each block's (own rows, forward_rows reported)."""
     forwards = []
     listener = lambda f: forwards.append((f.kind, f.sessions))      # noqa: E731 - kept alive below
     target.scheduler.add_listener(listener)
@@ -123,6 +124,8 @@ def decode(target, prompts, steps, drafts):
             draft = drafts(i, step)
             out = await target.averify(sid, [DraftToken(t) for t in draft])
             tokens += draft[:out.accepted] + [out.next_token]
+            if rows is not None:
+                rows.append((len(draft) + 1, out.forward_rows))
         assert target.end(sid)
         return tokens
 
@@ -138,11 +141,17 @@ def test_concurrent_sessions_share_forwards_and_decode_as_alone(target):
     are those it decodes alone."""
     prompts = [p for p, _ in sessions_of(target.vocab_size)]
     drafts = lambda i, step: [(7 * i + 3 * step + j) % 90 + 3 for j in range(i % 4)]    # noqa: E731
-    alone = [decode(target, [p], 12, lambda _, step, i=i: drafts(i, step))[0][0] for i, p in enumerate(prompts)]
-    together, forwards = decode(target, prompts, 12, drafts)
+    lone_rows, shared_rows = [], []
+    alone = [decode(target, [p], 12, lambda _, step, i=i: drafts(i, step), lone_rows)[0][0]
+             for i, p in enumerate(prompts)]
+    together, forwards = decode(target, prompts, 12, drafts, shared_rows)
     assert together == alone
     shared = [n for kind, n in forwards if kind == "verify" and n > 1]
     assert shared and max(shared) >= 4, forwards
+    # each reply says how many rows its forward had: its own alone, others' too when shared
+    assert all(own == reported for own, reported in lone_rows)
+    assert all(reported >= own for own, reported in shared_rows)
+    assert max(reported - own for own, reported in shared_rows) >= 3
 
 
 def test_a_batch_stays_within_its_rows(tiny_gguf_files):

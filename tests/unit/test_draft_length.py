@@ -785,3 +785,27 @@ def test_a_pinged_round_trip_counts_until_drafter_calls_are_measured():
     assert far.speculative_overhead_ms == pytest.approx(1.0)         # measured: 19 - 16 - 2
     with pytest.raises(ValueError):
         far.seed_drafter_round_trip(float("nan"))
+
+
+def test_other_sessions_rows_in_the_forward_make_blocks_pay_their_share():
+    """A verify curve like this 2-core host's (a row ~20 % of a plain step): alone, a drafter accepted at
+    0.5 pays for a block; with 3 other sessions' rows in every forward the same block would delay each of
+    them by a row, and the choice goes plain; blocks accepted almost surely (a long lookup match) still pay.
+    Verify times are learned at the forward's whole width."""
+    verify = {w: 20.0 * (1 + 0.2 * w) for w in range(13)}
+    alone = cost_model(verify, draft_per_token=0.5, plain_oh=1.0)
+    assert alone.other_rows == 0 and choose_k(alone, flat_acceptance(0.5), 4).k >= 1
+    shared = cost_model(verify, draft_per_token=0.5, plain_oh=1.0)
+    for _ in range(20):        # plain rounds verified in forwards of 4 rows: this session's and 3 others'
+        shared.observe(RoundFigures(width=0, accepted=0, verify_ms=verify[3], round_ms=verify[3] + 1.0,
+                                    forward_rows=4))
+    assert shared.other_rows == 3
+    assert shared.verify_ms(3) == pytest.approx(verify[3], rel=0.01)      # learned at width 3, not 0
+    d = choose_k(shared, flat_acceptance(0.5), 4)
+    assert d.k == 0
+    c1 = d.candidates[1]       # its round t(3 + 1) and the row it adds to each of the 3 others' rounds
+    delay = verify[4] - verify[3]
+    assert c1.expected_ms == pytest.approx(verify[4] + 3 * delay + 0.5 + 1.0, rel=0.02)
+    assert choose_k(shared, flat_acceptance(0.5, lookup=0.98), 4, ready=(True, True, True, True)).k >= 1
+    fig = RoundFigures.from_outcome(Proposal(()), VerifyOutcome(0, 7, False, 5.0, 0.0, 4.0, 4), 6.0)
+    assert (fig.forward_rows, fig.other_rows) == (4, 3)
