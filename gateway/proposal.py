@@ -31,6 +31,7 @@ from tandem.lookup import lookup_proposal
 from tandem.types import Proposal, SamplingParams
 
 AHEAD_MAX = 64          # the most tokens a stream is asked to keep drafted (the drafter's own bound)
+FOLLOW_EVERY = 32       # in a plain streak the drafter is told the new text every this many tokens, not every round
 
 
 def check_proposal(proposal: Proposal, k: int, vocab_size: int, sampled: bool) -> None:
@@ -76,6 +77,8 @@ class Proposer:
         self._use_ahead = ahead and not min_confidence and hasattr(drafter, "open_ahead")
         self._stream: AheadPort | None = None
         self._seen = 0              # len(sequence) when the drafter last read it (through Propose or the stream)
+        self._followed = 0          # len(sequence) at the stream's last message
+        self._following = False     # that message asked for nothing drafted (a plain streak)
 
     async def start(self, prompt: Sequence[int], k: int) -> None:
         """Before the prefill: a drafting-ahead drafter reads the prompt and drafts its continuation while the
@@ -140,12 +143,14 @@ class Proposer:
                     self._use_ahead = False
                     return None
                 await self._stream.sync(sequence, _depth(k))
-                self._seen = len(sequence)
+                self._seen = self._followed = len(sequence)
+                self._following = False
             ready = self._stream.usable(sequence)
             if len(ready) >= k:
                 return ProposalStep(Proposal(tuple(ready[:k])), "ahead")
             await self._stream.sync(sequence, _depth(k))      # after a plain streak it was only following
-            self._seen = len(sequence)
+            self._seen = self._followed = len(sequence)
+            self._following = False
             got = await self._stream.wait(sequence, k, self.timeout_s)
         except AheadUnsupported:
             self._stream, self._use_ahead = None, False
@@ -166,13 +171,18 @@ class Proposer:
     # ---- after the round ---------------------------------------------------------------------------
     async def advance(self, sequence: list[int], next_k: int) -> None:
         """Tells a drafting-ahead drafter the sequence the round left, and to keep drafted what a round of
-        ``next_k`` tokens and the one after it would use (none in a plain streak: it only follows)."""
+        ``next_k`` tokens and the one after it would use. In a plain streak (none) it has nothing to draft: once
+        told so, it is sent the new text every ``FOLLOW_EVERY`` tokens instead of every round (a message a round
+        and session costs both boxes CPU; on one box, the verifier's), and all of it when a block is wanted."""
         if self._stream is None:
+            return
+        if next_k <= 0 and self._following and len(sequence) - self._followed < FOLLOW_EVERY:
             return
         try:
             await self._stream.sync(sequence, _depth(next_k))
         except DrafterUnavailable:
             return                  # the next propose reports it
+        self._followed, self._following = len(sequence), next_k <= 0
         if next_k > 0:
             self._seen = len(sequence)
 
