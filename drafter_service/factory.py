@@ -110,23 +110,24 @@ SEED_FILE = "suffix_seed.jsonl.gz"      # a drafter directory's seed: text its t
 
 
 def suffix_index_files(path, seed: str | None, store, scope: str) -> list[Path]:
-    """The files global suffix drafting starts from, in the order read: the seeds (``seed``: "auto" = the
-    drafter directory's SEED_FILE when it has one, "none"/None/"" = none, else comma-separated paths), then
-    the store (``store``) when it exists (the traffic learned before: read last, evicted last)."""
+    """The files global suffix drafting starts from: the store (``store``) when it exists — it holds what the
+    index kept last time, the seeds' text included, so the seeds are not read again (their text would count
+    twice) — else the seeds (``seed``: "auto" = the drafter directory's SEED_FILE when it has one,
+    "none"/None/"" = none, else comma-separated paths)."""
     explicit = seed not in (None, "", "auto", "none")
     if scope != "global":
         if explicit or store:
             raise ValueError("--suffix-seed and --suffix-store fill the global suffix index: they need "
                              f"--suffix-scope global (got {scope!r})")
         return []
+    if store and Path(store).exists():
+        return [Path(store)]
     if seed == "auto":
         files = [Path(path) / SEED_FILE] if Path(path).is_dir() and (Path(path) / SEED_FILE).is_file() else []
     elif explicit:
         files = [Path(p.strip()) for p in str(seed).split(",") if p.strip()]
     else:
         files = []
-    if store and Path(store).exists():
-        files.append(Path(store))
     return files
 
 

@@ -11,7 +11,8 @@ too), one object a line:
   ``tandem.distill.data``): its output is stored, its prompt is not (prompts are the users' text, and
   each session indexes its own).
 
-Reading goes through ``SuffixIndex.add`` in file order, so the index's memory budget holds (the oldest
+A drafter with a store reads the store alone once it exists (it holds what was kept of the seeds), else
+its seeds (drafter_service.factory.suffix_index_files). Reading goes through ``SuffixIndex.add`` in file order, so the index's memory budget holds (the oldest
 sequences are evicted first when a file holds more than the budget) and a saved index comes back in its
 least-recently-used order. Every line is checked (token ids are int32s); a bad line is refused with its
 file and line number, nothing of the file kept.
