@@ -36,8 +36,8 @@ def configure(p) -> None:
          "plain; drafter_service/suffix_store.py): comma-separated files; 'auto' = the drafter directory's "
          "suffix_seed.jsonl.gz (the shipped drafter's: its target's answers to training questions); 'none'")
     flag(p, "suffix-store", None, help="keep what global suffix drafting learned across restarts: read this file at "
-         "start (when it exists, instead of the seeds: it holds what was kept of them), write it at stop and every --suffix-save-interval seconds (owner-only, 0600: it "
-         "holds the sessions' text)")
+         "start (when it exists, instead of the seeds: it holds what was kept of them), write it at stop and every "
+         "--suffix-save-interval seconds (owner-only, 0600: it holds the sessions' text)")
     flag(p, "suffix-save-interval", 300.0, float, help="seconds between writes of --suffix-store (0: at stop only)")
     flag(p, "prefill-chunk", 512, int, help="most context tokens the drafter feeds in one ONNX run (a 4 000-token "
          "prompt: ~1 s in chunks vs 4-7 s and 3.3 GB in one run); 0 = one run")

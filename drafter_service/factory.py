@@ -123,12 +123,8 @@ def suffix_index_files(path, seed: str | None, store, scope: str) -> list[Path]:
     if store and Path(store).exists():
         return [Path(store)]
     if seed == "auto":
-        files = [Path(path) / SEED_FILE] if Path(path).is_dir() and (Path(path) / SEED_FILE).is_file() else []
-    elif explicit:
-        files = [Path(p.strip()) for p in str(seed).split(",") if p.strip()]
-    else:
-        files = []
-    return files
+        return [Path(path) / SEED_FILE] if Path(path).is_dir() and (Path(path) / SEED_FILE).is_file() else []
+    return [Path(p.strip()) for p in str(seed).split(",") if p.strip()] if explicit else []
 
 
 def _seeded(drafter, files: list[Path]):

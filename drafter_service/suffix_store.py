@@ -12,7 +12,8 @@ too), one object a line:
   each session indexes its own).
 
 A drafter with a store reads the store alone once it exists (it holds what was kept of the seeds), else
-its seeds (drafter_service.factory.suffix_index_files). Reading goes through ``SuffixIndex.add`` in file order, so the index's memory budget holds (the oldest
+its seeds (drafter_service.factory.suffix_index_files). Reading goes through ``SuffixIndex.add`` in file
+order, so the index's memory budget holds (the oldest
 sequences are evicted first when a file holds more than the budget) and a saved index comes back in its
 least-recently-used order. Every line is checked (token ids are int32s); a bad line is refused with its
 file and line number, nothing of the file kept.
@@ -89,9 +90,13 @@ def load(index: SuffixIndex, path: str | os.PathLike) -> int:
 
 def save(index: SuffixIndex, path: str | os.PathLike) -> int:
     """Writes the index's finished sequences to ``path`` (atomically, mode 0600); returns the tokens written."""
+    return write_sequences(index.released(), path)
+
+
+def write_sequences(sequences: list[list[int]], path: str | os.PathLike) -> int:
+    """Writes token sequences as a seed or store file (atomically, mode 0600); returns the tokens written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    sequences = index.released()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o600)

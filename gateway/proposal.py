@@ -142,15 +142,11 @@ class Proposer:
                 if self._stream is None:
                     self._use_ahead = False
                     return None
-                await self._stream.sync(sequence, _depth(k))
-                self._seen = self._followed = len(sequence)
-                self._following = False
+                await self._sync(sequence, k)
             ready = self._stream.usable(sequence)
             if len(ready) >= k:
                 return ProposalStep(Proposal(tuple(ready[:k])), "ahead")
-            await self._stream.sync(sequence, _depth(k))      # after a plain streak it was only following
-            self._seen = self._followed = len(sequence)
-            self._following = False
+            await self._sync(sequence, k)                     # after a plain streak it was only following
             got = await self._stream.wait(sequence, k, self.timeout_s)
         except AheadUnsupported:
             self._stream, self._use_ahead = None, False
@@ -179,11 +175,15 @@ class Proposer:
         if next_k <= 0 and self._following and len(sequence) - self._followed < FOLLOW_EVERY:
             return
         try:
-            await self._stream.sync(sequence, _depth(next_k))
+            await self._sync(sequence, next_k)
         except DrafterUnavailable:
             return                  # the next propose reports it
-        self._followed, self._following = len(sequence), next_k <= 0
-        if next_k > 0:
+
+    async def _sync(self, sequence: Sequence[int], k: int) -> None:
+        """Sends the stream ``sequence`` and the depth blocks of k want; a drafter asked to draft reads it."""
+        await self._stream.sync(sequence, _depth(k))
+        self._followed, self._following = len(sequence), k <= 0
+        if k > 0:
             self._seen = len(sequence)
 
     async def close(self, sequence: Sequence[int] = ()) -> None:

@@ -17,7 +17,6 @@ import argparse
 import sys
 
 from drafter_service import suffix_store
-from drafter_service.suffix import SuffixIndex
 
 from . import data
 
@@ -29,15 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="the seed file to write (e.g. drafters/<name>/suffix_seed.jsonl.gz)")
     p.add_argument("--max-tokens", type=int, default=400_000, help="most answer tokens kept (the first records)")
     args = p.parse_args(argv)
-    index, kept = SuffixIndex(None), 0
+    answers, kept = [], 0
     for path in args.data or [str(data.DEFAULT_CORPUS)]:
         for rec in data.load_jsonl_records(path):
             if kept + len(rec.output_ids) > args.max_tokens:
                 break
-            index.add(rec.output_ids)
+            answers.append(rec.output_ids)
             kept += len(rec.output_ids)
-    written = suffix_store.save(index, args.out)
-    print(f"[suffix-seed] {written} tokens in {index.sequences()} answers -> {args.out}", file=sys.stderr)
+    written = suffix_store.write_sequences(answers, args.out)
+    print(f"[suffix-seed] {written} tokens in {len(answers)} answers -> {args.out}", file=sys.stderr)
     return 0
 
 
