@@ -114,33 +114,40 @@ def _serve(behaviour, method: str, streaming: bool, client_streaming: bool = Fal
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the request does not parse as "
                                 f"protobuf ({type(request.error).__name__}: {request.error})")
 
-    async def unary(request, context):
-        await refuse(request, context)
+    async def guarded(replies, context):
+        """The replies, with the caller's peer set while they are made; an error ends the call."""
         caller = CALLER.set(context.peer())
         try:
-            return await behaviour(request, context)
-        except Exception as exc:
-            error = exc
-        finally:
-            CALLER.reset(caller)
-        # grpc keeps the abort's exception with the call's state, in a cycle through this frame: without the
-        # request, a refused 10 MB request is freed when the call ends, not at the next garbage collection
-        del request
-        await abort_with(context, error, method)
-
-    async def stream(request, context):
-        await refuse(request, context)
-        caller = CALLER.set(context.peer())
-        try:
-            async for reply in behaviour(request, context):
+            async for reply in replies:
                 yield reply
             return
         except Exception as exc:
             error = exc
         finally:
             CALLER.reset(caller)
-        del request
+        # grpc keeps the abort's exception with the call's state, in a cycle through the frames it passes:
+        # without the request in them, a refused 10 MB request is freed when the call ends, not at the next
+        # garbage collection
+        del replies
         await abort_with(context, error, method)
+
+    async def single(reply):
+        yield await reply
+
+    async def unary(request, context):
+        await refuse(request, context)
+        replies = single(behaviour(request, context))
+        del request
+        async for reply in guarded(replies, context):
+            answer = reply
+        return answer
+
+    async def stream(request, context):
+        await refuse(request, context)
+        replies = behaviour(request, context)
+        del request
+        async for reply in guarded(replies, context):
+            yield reply
 
     async def requests(request_iterator, context):
         async for request in request_iterator:
@@ -148,16 +155,8 @@ def _serve(behaviour, method: str, streaming: bool, client_streaming: bool = Fal
             yield request
 
     async def bidi(request_iterator, context):
-        caller = CALLER.set(context.peer())
-        try:
-            async for reply in behaviour(requests(request_iterator, context), context):
-                yield reply
-            return
-        except Exception as exc:
-            error = exc
-        finally:
-            CALLER.reset(caller)
-        await abort_with(context, error, method)
+        async for reply in guarded(behaviour(requests(request_iterator, context), context), context):
+            yield reply
 
     if client_streaming:
         return bidi

@@ -63,3 +63,15 @@ def tiny_long_drafter_onnx(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny_long_drafter_onnx")
     export_drafter(src, out, check=True)
     return out
+
+
+@pytest.fixture(scope="module")
+def tiny_verifier(lt, tiny_target_dir):
+    """The tiny target behind a real verifier service on a loopback port: (target, address)."""
+    from verifier_service.server import start_verifier
+    from verifier_service.target import Target
+
+    target = Target.load(str(tiny_target_dir))
+    service = lt.run(start_verifier(target))
+    yield target, f"127.0.0.1:{service.port}"
+    lt.run(service.stop(0))

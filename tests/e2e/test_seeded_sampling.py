@@ -41,17 +41,6 @@ def Gateway(lt, verifier_addr, drafter_addr, **config) -> InProcessGateway:
 
 
 @pytest.fixture(scope="module")
-def verifier(lt, tiny_target_dir):
-    from verifier_service.server import start_verifier
-    from verifier_service.target import Target
-
-    target = Target.load(str(tiny_target_dir))
-    service = lt.run(start_verifier(target))
-    yield target, f"127.0.0.1:{service.port}"
-    lt.run(service.stop(0))
-
-
-@pytest.fixture(scope="module")
 def self_drafter_onnx(tiny_target_dir, tmp_path_factory):
     """The tiny target itself as an ONNX drafter."""
     from tandem.export import export_drafter
@@ -69,11 +58,11 @@ def serve_drafter(lt, path, **options):
 
 
 @pytest.fixture(scope="module")
-def gateways(lt, verifier, tiny_drafter_onnx, self_drafter_onnx):
+def gateways(lt, tiny_verifier, tiny_drafter_onnx, self_drafter_onnx):
     """Gateways over the same verifier: 'plain' (no drafter), 'model' (a different tiny model), 'lookup' (its
     prompt lookup on, the gateway copying whole blocks itself), 'lookup, asked' (no local copies), 'self'
     (the target as its own drafter)."""
-    _, verifier_addr = verifier
+    _, verifier_addr = tiny_verifier
     drafters = {"model": serve_drafter(lt, tiny_drafter_onnx),
                 "lookup": serve_drafter(lt, tiny_drafter_onnx, lookup_max_ngram=2, lookup_min_ngram=1),
                 "self": serve_drafter(lt, self_drafter_onnx)}
@@ -111,9 +100,9 @@ CASES = [("model", 0), *[("model", k) for k in range(1, 9)], ("lookup", 0), ("lo
 
 
 @pytest.mark.parametrize("gateway, k", CASES, ids=[f"{g}-k{k or 'auto'}" for g, k in CASES])
-def test_the_same_seed_gives_the_same_text(gateways, plain, verifier, gateway, k):
+def test_the_same_seed_gives_the_same_text(gateways, plain, tiny_verifier, gateway, k):
     """Every (prompt, seed) gives plain decoding's text, whatever drafted it and however long the blocks."""
-    target, _ = verifier
+    target, _ = tiny_verifier
     proposed = accepted = lookup = 0
     for (prompt, seed), reference in plain.items():
         reply = gateways[gateway].generate(req(prompt, seed, draft_length=k))
@@ -141,10 +130,10 @@ def test_four_requests_at_once_give_their_own_text(gateways, plain):
         assert same(reply, plain[prompt, seed]), f"{gw} k={k} seed {seed} concurrent"
 
 
-def test_stopping_the_drafter_mid_request_keeps_the_text(lt, verifier, plain, self_drafter_onnx):
+def test_stopping_the_drafter_mid_request_keeps_the_text(lt, tiny_verifier, plain, self_drafter_onnx):
     """The drafter's service stops after the first tokens: the request finishes with the target alone, and
     its text is still plain decoding's for the seed."""
-    _, verifier_addr = verifier
+    _, verifier_addr = tiny_verifier
     drafter = serve_drafter(lt, self_drafter_onnx)
     gw = Gateway(lt, verifier_addr, f"127.0.0.1:{drafter.port}")
     try:

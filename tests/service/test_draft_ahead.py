@@ -37,15 +37,20 @@ def greedy_block(drafter, context, k, name):
 PROMPT = [5, 9, 13, 2, 7, 30, 41, 9, 13]
 
 
-def test_the_path_is_the_drafters_own_continuation_and_survives_a_hit(drafter_stack):
+async def open_stream(client, name, ahead):
+    """A DraftAhead stream synced to PROMPT and its first ``ahead`` tokens: (stream, tokens)."""
     from gateway.clients import AheadStream
 
+    stream = AheadStream(client, name, "secret", SamplingParams())
+    await stream.sync(PROMPT, ahead=ahead)
+    return stream, await stream.wait(PROMPT, ahead, timeout_s=10)
+
+
+def test_the_path_is_the_drafters_own_continuation_and_survives_a_hit(drafter_stack):
     lt, drafter, client = drafter_stack
 
     async def run():
-        stream = AheadStream(client, "ahead-1", "secret", SamplingParams())
-        await stream.sync(PROMPT, ahead=4)
-        first = await stream.wait(PROMPT, 4, timeout_s=10)
+        stream, first = await open_stream(client, "ahead-1", 4)
         path_id = stream.path.path_id
         # the block was accepted and the target's next token is the path's: the rest of the path stays
         seq = PROMPT + [t.token_id for t in first[:3]]
@@ -65,14 +70,10 @@ def test_the_path_is_the_drafters_own_continuation_and_survives_a_hit(drafter_st
 
 
 def test_a_rejected_path_is_never_used_and_a_new_one_follows_the_real_context(drafter_stack):
-    from gateway.clients import AheadStream
-
     lt, drafter, client = drafter_stack
 
     async def run():
-        stream = AheadStream(client, "ahead-2", "secret", SamplingParams())
-        await stream.sync(PROMPT, ahead=3)
-        first = await stream.wait(PROMPT, 3, timeout_s=10)
+        stream, first = await open_stream(client, "ahead-2", 3)
         other = next(t for t in range(3, 60) if t != first[0].token_id)
         seq = PROMPT + [other]                              # the target rejected the first drafted token
         stale = stream.usable(seq)                          # the old path does not run along seq: nothing
@@ -93,9 +94,7 @@ def test_the_stream_s_end_ends_the_drafter_session_and_bad_syncs_are_refused(dra
     lt, drafter, client = drafter_stack
 
     async def run():
-        stream = AheadStream(client, "ahead-3", "secret", SamplingParams())
-        await stream.sync(PROMPT, ahead=2)
-        await stream.wait(PROMPT, 2, timeout_s=10)
+        stream, _ = await open_stream(client, "ahead-3", 2)
         during = drafter.session_count()
         await stream.close()
         for _ in range(100):

@@ -72,17 +72,6 @@ def _register(server, servicer, garbage: bool):
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))
 
 
-@pytest.fixture(scope="module")
-def verifier(lt, tiny_target_dir):
-    from verifier_service.server import start_verifier
-    from verifier_service.target import Target
-
-    target = Target.load(str(tiny_target_dir))
-    service = lt.run(start_verifier(target))
-    yield target, f"127.0.0.1:{service.port}"
-    lt.run(service.stop(0))
-
-
 def _generate(lt, verifier_addr, drafter_addr, req):
     from gateway.engine import GatewayConfig
     from gateway.server import connect_gateway, start_gateway
@@ -98,14 +87,14 @@ def _generate(lt, verifier_addr, drafter_addr, req):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-def test_a_misbehaving_drafter_falls_back_to_the_target_alone(lt, verifier, tiny_drafter_onnx, mode, sampled):
+def test_a_misbehaving_drafter_falls_back_to_the_target_alone(lt, tiny_verifier, tiny_drafter_onnx, mode, sampled):
     """Whatever the drafter does, the request completes with the tokens of target-only decoding, and the
     reply says which node failed."""
     from drafter_service.onnx_drafter import OnnxDrafter
 
     if not sampled and mode in ("q_missing", "q_zero", "q_sums_to_two"):
         pytest.skip("greedy drafts carry no q")
-    target, verifier_addr = verifier
+    target, verifier_addr = tiny_verifier
     sampling = common_pb2.SamplingParams(temperature=0.8, seed=3, has_seed=True) if sampled else None
     req = gateway_pb2.GenerateRequest(prompt="w1 w5 w9", max_tokens=12, ignore_eos=True, draft_length=2,
                                       sampling=sampling)
@@ -143,14 +132,14 @@ class LyingDrafter:
         return common_pb2.EndSessionReply(found=True)
 
 
-def test_a_lying_drafter_cannot_change_seeded_output(lt, verifier, tiny_drafter_onnx):
+def test_a_lying_drafter_cannot_change_seeded_output(lt, tiny_verifier, tiny_drafter_onnx):
     """A drafter that always proposes token 7 and claims q(7) = 2e-6 passes every check of q (a lie cannot be
     told from a rare draw), so its blocks are verified. A seeded request is coupled: the verifier never reads
     q, and the tokens are plain decoding's for the seed. (Rejection sampling would accept token 7 wherever
     the target gives it p >= 2e-6: tests/unit/test_exactness.py shows that bias.)"""
     from drafter_service.onnx_drafter import OnnxDrafter
 
-    target, verifier_addr = verifier
+    target, verifier_addr = tiny_verifier
     sampling = common_pb2.SamplingParams(temperature=1.0, seed=11, has_seed=True)
     liar = LyingDrafter(OnnxDrafter(tiny_drafter_onnx, threads=1).info)
     service = lt.run(start_service("drafter", lambda s: _register(s, liar, False), ["tandem.v1.Drafter"]))
@@ -169,12 +158,12 @@ def test_a_lying_drafter_cannot_change_seeded_output(lt, verifier, tiny_drafter_
 
 # ---- the verifier and the drafter, called directly as an attacker would ---------------------------------
 @pytest.fixture(scope="module")
-def nodes(lt, verifier, tiny_drafter_onnx):
+def nodes(lt, tiny_verifier, tiny_drafter_onnx):
     from drafter_service.onnx_drafter import OnnxDrafter
     from drafter_service.server import start_drafter
     from tandem.pb import drafter_grpc, verifier_grpc
 
-    target, verifier_addr = verifier
+    target, verifier_addr = tiny_verifier
     drafter = OnnxDrafter(tiny_drafter_onnx, threads=1)
     dservice = lt.run(start_drafter(drafter))
     channels = [grpc.insecure_channel(verifier_addr), grpc.insecure_channel(f"127.0.0.1:{dservice.port}")]
@@ -280,7 +269,7 @@ def test_limits_on_every_node_leave_nothing_behind(nodes):
     assert len(target.sessions) == 0 and drafter.session_count() == 0
 
 
-def test_a_flood_of_sessions_does_not_block_a_generating_client(lt, verifier, nodes):
+def test_a_flood_of_sessions_does_not_block_a_generating_client(lt, tiny_verifier, nodes):
     """300 StartSession calls from another caller fill the table; a gateway request still completes."""
     target, _, vstub, _ = nodes
     before = target.sessions.pressure_idle_s
@@ -294,7 +283,7 @@ def test_a_flood_of_sessions_does_not_block_a_generating_client(lt, verifier, no
             _start(vstub, f"flood{i}", token="flood", sampling=common_pb2.SamplingParams())
         assert len(target.sessions) == target.sessions.max_sessions
         time.sleep(0.6)
-        reply = _generate(lt, verifier[1], None, gateway_pb2.GenerateRequest(prompt="w1 w5", max_tokens=8,
+        reply = _generate(lt, tiny_verifier[1], None, gateway_pb2.GenerateRequest(prompt="w1 w5", max_tokens=8,
                                                                              ignore_eos=True))
         assert len(reply.token_ids) == 8
     finally:

@@ -6,30 +6,21 @@ from __future__ import annotations
 import pytest
 
 from drafter_service.ahead import AheadPath
-from drafter_service.drafter import ContextDrafter, DraftState
+from fake_drafters import RuleDrafter
 from gateway.ahead import DraftedPath
 from tandem.errors import InvalidInput
-from tandem.sessions import SessionStore
-from tandem.types import DraftToken, ModelInfo, SamplingParams
+from tandem.types import DraftToken, SamplingParams
 
 
-class NextDrafter(ContextDrafter):
+class NextDrafter(RuleDrafter):
     """Drafts ``(last * 7 + 3) % 97`` after ``last``: a deterministic continuation to check paths against."""
 
     kind = "next"
 
     def __init__(self, offer: bool = True):
-        self.sessions = SessionStore(60.0, max_sessions=8, what="drafter session")
-        self._info = ModelInfo("next", 97, "", 0, ())
+        super().__init__(97)
         self.offer = offer
         self.contexts: list[list[int]] = []
-
-    @property
-    def info(self) -> ModelInfo:
-        return self._info
-
-    def new_state(self) -> DraftState:
-        return DraftState()
 
     def draft_block(self, state, context, k, sampling, min_confidence=0.0, *, offset=0):
         self.contexts.append(list(context))
@@ -62,12 +53,18 @@ def ids(tokens) -> list[int]:
     return [t.token_id for t in tokens]
 
 
-def test_a_path_runs_ahead_and_is_kept_while_the_real_context_runs_along_it():
+def started(seq: list[int], ahead: int):
+    """A path synced to seq and drafted ``ahead`` tokens, with the gateway's copy: (drafter, path, gateway)."""
     drafter, gw = NextDrafter(), DraftedPath()
     path = AheadPath(drafter, "s", "tok", SamplingParams())
-    seq = [4, 8, 15]
-    path.sync(0, seq, ahead=5)
+    path.sync(0, seq, ahead=ahead)
     drain(path, gw)
+    return drafter, path, gw
+
+
+def test_a_path_runs_ahead_and_is_kept_while_the_real_context_runs_along_it():
+    seq = [4, 8, 15]
+    drafter, path, gw = started(seq, ahead=5)
     assert ids(gw.usable(seq)) == continuation(15, 5)
     first_id = gw.path_id
     # the block's first 3 were accepted and the bonus is the path's 4th: all of it is the path's
@@ -82,11 +79,8 @@ def test_a_path_runs_ahead_and_is_kept_while_the_real_context_runs_along_it():
 
 
 def test_a_path_the_context_leaves_is_void_and_a_new_one_is_drafted_from_the_real_context():
-    drafter, gw = NextDrafter(), DraftedPath()
-    path = AheadPath(drafter, "s", "tok", SamplingParams())
     seq = [4, 8, 15]
-    path.sync(0, seq, ahead=4)
-    drain(path, gw)
+    drafter, path, gw = started(seq, ahead=4)
     old = gw.path_id
     wrong = (continuation(15, 1)[0] + 1) % 97
     seq = seq + [wrong]                                       # the target rejected the path's first token

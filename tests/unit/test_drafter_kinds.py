@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from drafter_service.drafter import DEFAULT_MAX_SESSIONS, ContextDrafter, Drafter, DraftState
+from drafter_service.drafter import DEFAULT_MAX_SESSIONS, Drafter
 from drafter_service.factory import drafter_kind, kinds, load_drafter, register_kind
 from drafter_service.lookup_drafter import LookupDrafter
 from drafter_service.model_drafter import ModelDrafter
 from drafter_service.onnx_drafter import OnnxDrafter
+from fake_drafters import RuleDrafter
 from tandem.errors import CapacityExceeded, InvalidInput, UnknownSession
-from tandem.sessions import SessionStore
-from tandem.types import DraftToken, LookupRule, ModelInfo, SamplingParams
+from tandem.types import DraftToken, LookupRule, SamplingParams
 
 PROMPT = [1, 12, 40, 7, 33, 5, 60, 21]
 SAMPLED = SamplingParams(temperature=1.0, top_p=0.95, seed=7)
@@ -39,22 +39,14 @@ def _copy(src: Path, dst: Path, **meta_changes) -> Path:
     return dst
 
 
-class CountingDrafter(ContextDrafter):
+class CountingDrafter(RuleDrafter):
     """A kind that cannot score tokens: drafts ``last + 1, last + 2, ...`` (mod 64)."""
 
     kind = "counting"
 
     def __init__(self, path=None, max_context: int = 0, **_):
-        self.sessions = SessionStore(60.0, max_sessions=4, what="drafter session")
-        self._info = ModelInfo("counting", 64, "", max_context, ())
+        super().__init__(64, max_sessions=4, max_context=max_context)
         self.calls: list[tuple[list[int], int, int]] = []
-
-    @property
-    def info(self) -> ModelInfo:
-        return self._info
-
-    def new_state(self) -> DraftState:
-        return DraftState()
 
     def draft_block(self, state, context, k, sampling, min_confidence=0.0, *, offset=0):
         self.calls.append((list(context), k, offset))

@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from plain_decoding import greedy_plain
 from tandem.types import DraftToken, SamplingParams
 from verifier_service import fast_linear, kv_cache, static_decoder
 from verifier_service.kv_cache import TargetSession
@@ -36,16 +37,6 @@ def eager(tiny_target_dir):
 @pytest.fixture(params=["static", "transformers"])
 def fast_path(request):
     return request.getfixturevalue("fast" if request.param == "static" else "hf_fast")
-
-
-def greedy_plain(target, prompt, n, sid):
-    """n greedy tokens by plain decoding (empty drafts: one width-1 forward per token)."""
-    first, _ = target.start(sid, prompt, SamplingParams())
-    out = [first]
-    while len(out) < n:
-        out.append(target.verify(sid, []).next_token)
-    target.end(sid)
-    return out
 
 
 def logits_of(target, seq):

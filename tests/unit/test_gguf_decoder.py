@@ -15,6 +15,7 @@ import torch
 
 from tandem.types import DraftToken, SamplingParams
 from tandem.bench.random_gguf import write
+from plain_decoding import greedy_plain
 from tiny_models import GGUF_ARCHS, make_tokenizer
 from verifier_service import native
 from verifier_service.gguf_model import GgufModel
@@ -124,15 +125,6 @@ def test_a_wide_prefill_agrees_with_plain_steps(tiny_gguf_files):
 
 def tiny_target(path, **kw):
     return Target(GgufModel(path), make_tokenizer(260), path.stem, widths=(1, 2, 4), warmup=False, **kw)
-
-
-def greedy_plain(target, prompt, n, sid):
-    first, _ = target.start(sid, prompt, SamplingParams())
-    out = [first]
-    while len(out) < n:
-        out.append(target.verify(sid, []).next_token)
-    target.end(sid)
-    return out
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

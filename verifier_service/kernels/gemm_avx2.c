@@ -14,14 +14,13 @@
    sequence whatever the row or thread count; y[r, o] is computed by one thread. */
 #include <immintrin.h>
 
-#include "q6k_avx2.h"
+#include "gemm_shared_avx2.h"
 #include "quants.h"
 
 #ifndef ROWS
 #define ROWS 4
 #endif
 
-static inline float half(const uint8_t *p) { return _cvtsh_ss(tq_u16(p)); }
 /* 8 bytes -> 8 int32 lanes (zero- or sign-extended) */
 static inline __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
 static inline __m256i i8x8(const void *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
@@ -149,13 +148,10 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
             break;
         }
         case TQ_Q6_K: {                                   /* (d * sc) * q, 16-weight sub-blocks */
-            const float d = half(blk + offsetof(block_q6_K, d));
-            const int8_t *scales = (const int8_t *)(blk + offsetof(block_q6_K, scales));
-            const uint8_t *ql = blk + offsetof(block_q6_K, ql), *qh = blk + offsetof(block_q6_K, qh);
             for (int s = 0; s < 8; s++) {
-                const __m256i q = q6_k_chunk(ql, qh, s);
+                const __m256i q = q6_k_chunk(blk, s);
                 const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
-                const __m256 d0 = _mm256_set1_ps(d * (float)scales[2 * s]), d1 = _mm256_set1_ps(d * (float)scales[2 * s + 1]);
+                const __m256 d0 = _mm256_set1_ps(q6_k_scale(blk, 2 * s)), d1 = _mm256_set1_ps(q6_k_scale(blk, 2 * s + 1));
                 w[0] = _mm256_mul_ps(d0, f32(_mm256_cvtepi8_epi32(q0)));
                 w[1] = _mm256_mul_ps(d0, f32(_mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8))));
                 w[2] = _mm256_mul_ps(d1, f32(_mm256_cvtepi8_epi32(q1)));

@@ -13,14 +13,13 @@
    whatever the row or thread count; y[r, o] is computed by one thread. */
 #include <immintrin.h>
 
-#include "q6k_avx2.h"
+#include "gemm_shared_avx2.h"
 #include "quants.h"
 
 #ifndef ROWS
 #define ROWS 8   /* a build may ask for fewer instances (2, 3, 4): the emulated test build does */
 #endif
 
-static inline float half(const uint8_t *p) { return _cvtsh_ss(tq_u16(p)); }
 static inline __m128i load16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
 
 /* A Q4_1/Q5_1 block's d and m (two fp16 at p) broadcast: one 32-bit broadcast load, one conversion (lanes
@@ -156,14 +155,11 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
             break;
         }
         case TQ_Q6_K: {                                   /* (d * sc) * q, 16-weight sub-blocks */
-            const float d = half(blk + offsetof(block_q6_K, d));
-            const int8_t *scales = (const int8_t *)(blk + offsetof(block_q6_K, scales));
-            const uint8_t *ql = blk + offsetof(block_q6_K, ql), *qh = blk + offsetof(block_q6_K, qh);
             for (int s = 0; s < 8; s++) {
-                const __m256i q = q6_k_chunk(ql, qh, s);
-                const __m512 wl = _mm512_mul_ps(_mm512_set1_ps(d * (float)scales[2 * s]),
+                const __m256i q = q6_k_chunk(blk, s);
+                const __m512 wl = _mm512_mul_ps(_mm512_set1_ps(q6_k_scale(blk, 2 * s)),
                                                 _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))));
-                const __m512 wh = _mm512_mul_ps(_mm512_set1_ps(d * (float)scales[2 * s + 1]),
+                const __m512 wh = _mm512_mul_ps(_mm512_set1_ps(q6_k_scale(blk, 2 * s + 1)),
                                                 _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))));
                 FMA_ROWS(wl, wh, b * QK_K + s * 32);
             }

@@ -1,0 +1,27 @@
+/* AVX2 helpers shared by gemm_avx2.c and gemm_avx512.c.
+
+   Q6_K chunk s (32 weights) of the block at blk as 32 signed bytes q - 32, with AVX2 byte operations.
+   Chunk s = 4 h + t (see tq_dequant_q6_K): low 4 bits of ql[64 h + 32 (t % 2) + l] (nibble t / 2), high 2
+   bits of qh[32 h + l] (bits 2t, 2t + 1). */
+#pragma once
+#include <immintrin.h>
+
+#include "quants.h"
+
+/* An fp16 at p (little-endian) as fp32, by F16C. */
+static inline float half(const uint8_t *p) { return _cvtsh_ss(tq_u16(p)); }
+
+static inline __m256i q6_k_chunk(const uint8_t *blk, int s) {
+    const uint8_t *ql = blk + offsetof(block_q6_K, ql), *qh = blk + offsetof(block_q6_K, qh);
+    const int h = s / 4, t = s % 4;
+    const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32 * (t % 2)));
+    const __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+    const __m256i lo4 = _mm256_and_si256(_mm256_srl_epi16(l, _mm_cvtsi32_si128(4 * (t / 2))), _mm256_set1_epi8(0x0F));
+    const __m256i hi2 = _mm256_and_si256(_mm256_srl_epi16(u, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(0x03));
+    return _mm256_sub_epi8(_mm256_or_si256(lo4, _mm256_slli_epi16(hi2, 4)), _mm256_set1_epi8(32));
+}
+
+/* The scale of 16-weight sub-block i of the Q6_K block at blk: d * scales[i]. */
+static inline float q6_k_scale(const uint8_t *blk, int i) {
+    return half(blk + offsetof(block_q6_K, d)) * (float)((const int8_t *)(blk + offsetof(block_q6_K, scales)))[i];
+}
