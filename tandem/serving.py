@@ -138,16 +138,20 @@ def _serve(behaviour, method: str, streaming: bool, client_streaming: bool = Fal
         await refuse(request, context)
         replies = single(behaviour(request, context))
         del request
-        async for reply in guarded(replies, context):
-            answer = reply
+        async with contextlib.aclosing(guarded(replies, context)) as answers:
+            async for reply in answers:
+                answer = reply
         return answer
 
     async def stream(request, context):
         await refuse(request, context)
         replies = behaviour(request, context)
         del request
-        async for reply in guarded(replies, context):
-            yield reply
+        # closed here when the call ends early (a cancelled stream): the guard's finally must run in this
+        # call's context, not later from the garbage collector's
+        async with contextlib.aclosing(guarded(replies, context)) as guarded_replies:
+            async for reply in guarded_replies:
+                yield reply
 
     async def requests(request_iterator, context):
         async for request in request_iterator:
@@ -155,8 +159,10 @@ def _serve(behaviour, method: str, streaming: bool, client_streaming: bool = Fal
             yield request
 
     async def bidi(request_iterator, context):
-        async for reply in guarded(behaviour(requests(request_iterator, context), context), context):
-            yield reply
+        replies = behaviour(requests(request_iterator, context), context)
+        async with contextlib.aclosing(guarded(replies, context)) as guarded_replies:
+            async for reply in guarded_replies:
+                yield reply
 
     if client_streaming:
         return bidi

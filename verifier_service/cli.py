@@ -39,8 +39,9 @@ def configure(p) -> None:
     flag(p, "max-batch-rows", 32, int, help="most rows in one verify forward: the blocks of every session waiting "
          "go into one forward (a plain step is 1 row, a block of k drafts k + 1) up to this many; 1: one session "
          "per forward")
-    flag(p, "batch-wait-ms", 0.0, float, help="how long a verify forward may wait for sessions of the previous one "
-         "to send their next block, so that they share it (0: never wait; whoever is waiting goes)")
+    flag(p, "batch-wait-ms", -1.0, float, help="how long a verify forward may wait for sessions of the previous one "
+         "to send their next block, so that they share it; it goes as soon as all are back (-1: a quarter of the "
+         "last verify forward's time; 0: never wait, whoever is waiting goes)")
     flag(p, "no-warmup", help="skip the start-up forwards at each block width (the first requests are then slow "
          "and the gateway gets no cost profile)", cast=bool)
     server_flags(p, 50062)

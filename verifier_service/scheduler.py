@@ -26,7 +26,11 @@ between rounds). While one of them is ahead in the share, a prefill chunk waits 
 hold ends): otherwise each round would find the verify queue momentarily empty, a chunk would start, and
 every round would wait a whole chunk. ``batch_wait_ms`` > 0 likewise holds a verify batch that long after
 the previous forward for the sessions still expected, so the batch stays whole instead of splitting into
-two groups that alternate.
+two groups that alternate. By default (``batch_wait_ms`` < 0) that hold is a quarter of the last verify
+forward's time (``BATCH_WAIT_SHARE``): the sessions of a batch come back a few ms apart (each reply goes
+through the gateway's round and the wire), and without the hold the first one back starts a forward of its
+own while the others queue behind it, so the batch splits in two for good. A quarter bounds the time a batch
+can lose waiting for a session that does not come back; it ends as soon as every expected session is back.
 
 Nothing here knows about models: the ``Runner`` runs a batch or a chunk and says how it went.
 """
@@ -47,6 +51,7 @@ from verifier_service import torch_thread
 log = logging.getLogger(__name__)
 
 HOLD_MS = 20.0           # how long a prefill chunk waits for a session of the last verify batch to come back
+BATCH_WAIT_SHARE = 0.25  # the default batch wait: this share of the last verify forward's time
 
 
 @dataclass(eq=False)
@@ -109,13 +114,14 @@ class Runner:
 
 class Scheduler:
     def __init__(self, runner: Runner, *, prefill_chunk: int = 256, max_batch_rows: int = 32,
-                 max_batch_sessions: int = 64, batch_wait_ms: float = 0.0, hold_ms: float = HOLD_MS,
+                 max_batch_sessions: int = 64, batch_wait_ms: float = -1.0, hold_ms: float = HOLD_MS,
                  clock: Callable[[], float] = time.perf_counter):
         self.runner = runner
         self.prefill_chunk = int(prefill_chunk or 0)
         self.max_batch_rows = max(1, int(max_batch_rows))
         self.max_batch_sessions = max(1, int(max_batch_sessions))
-        self.batch_wait_s = max(0.0, float(batch_wait_ms)) / 1e3
+        self.batch_wait_s = None if batch_wait_ms < 0 else float(batch_wait_ms) / 1e3   # None: the share
+        self._last_verify_s = 0.0
         self.hold_s = max(0.0, float(hold_ms)) / 1e3
         self.clock = clock
         self._listeners: list = []                    # weak references: called on the torch thread after each forward
@@ -181,7 +187,8 @@ class Scheduler:
         if prefill is not None and prefill.session.vtime < min(verify_low, expected_low):
             return "prefill", prefill, None
         if self._verify:
-            gather_until = self._last_forward_end + self.batch_wait_s
+            wait_s = self.batch_wait_s if self.batch_wait_s is not None else BATCH_WAIT_SHARE * self._last_verify_s
+            gather_until = self._last_forward_end + wait_s
             if self._expected and now < gather_until and self._room_for_expected():
                 return None, None, gather_until - now
             return "verify", self._take_batch(), None
@@ -256,6 +263,7 @@ class Scheduler:
             t1 = self.clock()
             ms = (t1 - t0) * 1e3
             with self._cond:
+                self._last_verify_s = t1 - t0
                 for w in work:
                     w.session.vtime += ms
                     if w.future.done() and w.future.exception() is None:

@@ -71,7 +71,7 @@ class Target(TargetModel):
                  prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, rowwise_attention: bool | None = None,
                  max_block: int = 32, decoder: str = "auto", fallback_reason: str = "",
                  phases: dict[str, float] | None = None, max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
-                 batch_wait_ms: float = 0.0):
+                 batch_wait_ms: float = -1.0):
         """``model``: a ``gguf_model.GgufModel`` (the GGUF fast path: the decoder on the file's blocks) or a
         transformers model. ``gemm`` (fp32 weights only): "auto" (measure MKL and oneDNN per width at
         start-up, keep the faster), "onednn", or "mkl" (plain transformers); "gguf" is accepted for a GGUF
@@ -86,7 +86,7 @@ class Target(TargetModel):
         ``phases``: loading phases already timed ({name: s}; ``load`` passes reading and the tokenizer).
         ``max_batch_rows``: the most rows (all sessions' blocks together) one verify forward takes;
         ``batch_wait_ms``: how long a verify forward may wait for sessions of the previous one to come back
-        (``verifier_service.scheduler``)."""
+        (< 0: a quarter of the last verify forward's time; ``verifier_service.scheduler``)."""
         t_setup = time.perf_counter()
         super().__init__(model, tokenizer, name, gemm=gemm, widths=widths, rowwise_attention=rowwise_attention,
                          max_block=max_block, decoder=decoder, fallback_reason=fallback_reason, phases=phases,

@@ -1,0 +1,84 @@
+"""The verifier's scheduler keeps a batch of sessions whole: after a forward, the first session back waits a
+bounded time for the others of that forward (verifier_service.scheduler). Driven through the decision rule
+with a fake clock and a fake runner, so nothing here depends on how fast the machine is."""
+
+from __future__ import annotations
+
+import pytest
+
+from verifier_service.scheduler import BATCH_WAIT_SHARE, Runner, Scheduler, VerifyWork
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Session:
+    def __init__(self, name: str):
+        self.session_id, self.vtime = name, None
+
+
+class FortyMsForward(Runner):
+    """Every verify forward takes 40 ms of the fake clock and accepts nothing."""
+
+    def __init__(self, clock: Clock):
+        self.clock = clock
+
+    def run_verify(self, batch):
+        self.clock.t += 0.040
+        for work in batch:
+            work.future.set_result(None)
+
+
+def after_one_shared_forward(batch_wait_ms: float):
+    """A scheduler whose last forward verified sessions a, b, c together, 1 ms ago."""
+    clock = Clock()
+    scheduler = Scheduler(FortyMsForward(clock), batch_wait_ms=batch_wait_ms, clock=clock)
+    sessions = [Session(n) for n in "abc"]
+    for s in sessions:
+        scheduler._catch_up(s)
+        scheduler._verify.append(VerifyWork(s))
+    what, batch, _ = scheduler._decide(clock())
+    assert what == "verify" and len(batch) == 3
+    scheduler._run(what, batch)
+    scheduler._last_forward_end = clock()
+    clock.t += 0.001
+    return clock, scheduler, sessions
+
+
+def come_back(scheduler, session) -> None:
+    scheduler._catch_up(session)
+    scheduler._verify.append(VerifyWork(session))
+    scheduler._expected.pop(session, None)
+
+
+def test_the_first_session_back_waits_for_the_others_of_its_forward_then_all_go_together():
+    clock, scheduler, (a, b, c) = after_one_shared_forward(-1.0)          # the default: a share of the forward
+    come_back(scheduler, a)
+    what, _, wait = scheduler._decide(clock())
+    assert what is None and wait == pytest.approx(BATCH_WAIT_SHARE * 0.040 - 0.001)
+    come_back(scheduler, b)
+    assert scheduler._decide(clock())[0] is None                             # c is still expected
+    come_back(scheduler, c)
+    what, batch, _ = scheduler._decide(clock())
+    assert what == "verify" and [w.session for w in batch] == [a, b, c]      # whole again, no wait left
+
+
+def test_the_wait_is_bounded_and_a_session_that_ended_is_not_waited_for():
+    clock, scheduler, (a, b, c) = after_one_shared_forward(-1.0)
+    come_back(scheduler, a)
+    scheduler.forget(b)                                                      # b's request ended
+    clock.t += BATCH_WAIT_SHARE * 0.040                                      # c is late: the wait is over
+    what, batch, _ = scheduler._decide(clock())
+    assert what == "verify" and [w.session for w in batch] == [a]
+
+
+def test_no_wait_when_told_not_to():
+    clock, scheduler, (a, b, c) = after_one_shared_forward(0.0)
+    come_back(scheduler, a)
+    what, batch, _ = scheduler._decide(clock())
+    assert what == "verify" and [w.session for w in batch] == [a]
