@@ -72,8 +72,7 @@ async def load_target(args):
     from verifier_service import torch_thread
     from verifier_service.target import Target
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads:        # on the torch thread only: set from this one, it would start a second OpenMP team
         torch_thread.run(torch.set_num_threads, args.threads)
     if args.exact_rows not in ("on", "off"):
         raise ValueError(f"--exact-rows is 'on' or 'off', not {args.exact_rows!r}")
