@@ -264,9 +264,10 @@ class Scheduler:
             ms = (t1 - t0) * 1e3
             with self._cond:
                 self._last_verify_s = t1 - t0
+                back = {id(v.session) for v in self._verify}   # sent their next block while this one settled
                 for w in work:
                     w.session.vtime += ms
-                    if w.future.done() and w.future.exception() is None:
+                    if w.future.done() and w.future.exception() is None and id(w.session) not in back:
                         self._expected[w.session] = t1 + self.hold_s
             return Forward("verify", sum(w.rows for w in work), len(work), ms, queued)
         queued = ((t0 - work.submitted) * 1e3,) if work.started is None else ()

@@ -82,3 +82,32 @@ def test_no_wait_when_told_not_to():
     come_back(scheduler, a)
     what, batch, _ = scheduler._decide(clock())
     assert what == "verify" and [w.session for w in batch] == [a]
+
+
+class ClientQuickerThanTheLock(FortyMsForward):
+    """Each session's client sends its next block as soon as its future settles, before the forward's
+    bookkeeping takes the scheduler's lock (a real client on another thread can)."""
+
+    def __init__(self, clock: Clock, scheduler_of):
+        super().__init__(clock)
+        self.scheduler_of = scheduler_of
+
+    def run_verify(self, batch):
+        super().run_verify(batch)
+        for work in batch:
+            come_back(self.scheduler_of(), work.session)
+
+
+def test_a_session_back_before_the_forward_is_booked_is_not_waited_for():
+    """The single client's case: its next block is already queued, so nobody is expected and it goes at
+    once (waiting for itself cost a quarter of every forward: 3.9 ms median queue at 18 ms forwards)."""
+    clock = Clock()
+    scheduler = Scheduler(ClientQuickerThanTheLock(clock, lambda: scheduler), batch_wait_ms=-1.0, clock=clock)
+    a = Session("a")
+    come_back(scheduler, a)
+    for _ in range(3):
+        what, batch, wait = scheduler._decide(clock())
+        assert what == "verify" and [w.session for w in batch] == [a], wait
+        scheduler._run(what, batch)
+        scheduler._last_forward_end = clock()
+        assert not scheduler._expected
