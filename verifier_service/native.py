@@ -131,6 +131,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         gemm = getattr(lib, f"tq_gemm_{which}")
         gemm.argtypes = [cint, ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, cint]
         gemm.restype = cint
+        parts = getattr(lib, f"tq_gemm_parts_{which}")
+        parts.argtypes = [cint, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, cint]
+        parts.restype = cint
         attention = getattr(lib, f"tq_attention_{which}")
         attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, i64, i64, f32, ptr, cint]
         attention.restype = None
@@ -191,7 +194,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
 
 
 class Kernels:
-    """One ISA's functions of the library (ctypes; pointers as ints). Per-ISA: ``gemm``, ``attention``,
+    """One ISA's functions of the library (ctypes; pointers as ints). Per-ISA: ``gemm``, ``gemm_parts``, ``attention``,
     ``silu_mul``, ``gelu_tanh_mul``; the same on every ISA (memory-light, no exp): ``add_rms_norm``,
     ``head_rms_norm``, ``rope_store``, ``dequantize_rows``. Arguments: kernels/quants.h (GEMM),
     kernels/ops_generic.c (the rest). ``verifier_service.quant`` wraps them for torch tensors."""
@@ -199,6 +202,7 @@ class Kernels:
     def __init__(self, lib: ctypes.CDLL, which: str):
         self.isa = which
         self.gemm = getattr(lib, f"tq_gemm_{which}")
+        self.gemm_parts = getattr(lib, f"tq_gemm_parts_{which}")
         self.attention = getattr(lib, f"tq_attention_{which}")
         self.silu_mul = getattr(lib, f"tq_silu_mul_{which}")
         self.gelu_tanh_mul = getattr(lib, f"tq_gelu_tanh_mul_{which}")

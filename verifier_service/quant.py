@@ -15,6 +15,7 @@ Both use the ISA ``native.isa()`` picks (``TANDEM_ISA`` / ``--isa`` forces one),
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 
 import numpy as np
@@ -128,6 +129,39 @@ class QuantWeight:
 
     def __repr__(self) -> str:
         return f"QuantWeight({self.kind}, [{self.out}, {self.inner}], {self.nbytes / 1e6:.1f} MB, {self.isa})"
+
+
+class SideBySide:
+    """Weights of one input side by side, as one weight [sum of outs, inner] read where each lies (q, k and v;
+    gate and up): one kernel call (``gemm_parts``) instead of one per weight, every column bit-identical to
+    its own weight's ``matmul``. No copy of the blocks (``QuantWeight.cat`` copies)."""
+
+    def __init__(self, parts: Sequence[QuantWeight]):
+        n = len(parts)
+        if not 1 <= n <= 8 or len({p.inner for p in parts}) != 1 or len({p.isa for p in parts}) != 1:
+            raise ValueError("side by side: 1 to 8 weights of one width and one ISA")
+        self.parts, self.inner, self.out = list(parts), parts[0].inner, sum(p.out for p in parts)
+        self._kernels = parts[0]._kernels
+        self._arrays = ((ctypes.c_int * n)(*(p._type for p in parts)), (ctypes.c_void_p * n)(*(p._w for p in parts)),
+                        (ctypes.c_int64 * n)(*(p._ldw for p in parts)), (ctypes.c_int64 * n)(*(p.out for p in parts)))
+        self._args = (n, *(ctypes.addressof(a) for a in self._arrays))
+
+    def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [n, inner] fp32 -> [n, out]: each part's x W^T in its own columns (``out``: as QuantWeight.matmul)."""
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.inner or not x.is_cpu:
+            raise ValueError(f"x: expected a CPU float32 tensor [n, {self.inner}], got {x.dtype} {tuple(x.shape)}")
+        x = x.contiguous()
+        n = x.shape[0]
+        if out is None:
+            y = torch.empty(n, self.out)
+        elif out.shape != (n, self.out) or out.stride(1) != 1 or out.dtype != torch.float32:
+            raise ValueError(f"out: expected float32 [{n}, {self.out}] with unit column stride")
+        else:
+            y = out
+        if self._kernels.gemm_parts(*self._args, x.data_ptr(), n, self.inner, y.data_ptr(), y.stride(0),
+                                    torch.get_num_threads()):
+            raise RuntimeError(f"the {self._kernels.isa} GEMM refused " + ", ".join(p.kind for p in self.parts))
+        return y
 
 
 class Ops:

@@ -134,11 +134,18 @@ class Concat(Weight):
         self.parts = nn.ModuleList(parts)
         self.out, self.inner = sum(p.out for p in parts), parts[0].inner
         self.kind = "+".join(sorted({k for p in parts for k in p.kinds()}))
+        self._side = None                 # GGUF blocks of one ISA: all parts in one kernel call (narrow blocks)
+        if all(isinstance(p, BlockWeight) for p in parts) and len({p.blocks.isa for p in parts}) == 1:
+            from verifier_service.quant import SideBySide
+
+            self._side = SideBySide([p.blocks for p in parts])
 
     def kinds(self) -> list[str]:
         return [k for p in self.parts for k in p.kinds()]
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self._side is not None and x.shape[0] <= WIDE_ROWS:
+            return self._side.matmul(x)
         y = torch.empty(x.shape[0], self.out)
         column = 0
         for p in self.parts:

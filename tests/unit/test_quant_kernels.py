@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from verifier_service import native
-from verifier_service.quant import KINDS, Ops, QuantWeight
+from verifier_service.quant import KINDS, Ops, QuantWeight, SideBySide
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"C kernels unavailable: {native.unavailable_reason()}")
 
@@ -196,6 +196,28 @@ def test_rows_do_not_depend_on_width_or_threads(gguf_weights, kind, which):
     into = torch.zeros(11, OUT + 8)
     w.matmul(x, out=into[:, 4:4 + OUT])                 # strided output rows: a column slice
     assert torch.equal(into[:, 4:4 + OUT], full) and not into[:, :4].any() and not into[:, 4 + OUT:].any()
+
+
+@pytest.mark.parametrize("which", ISAS)
+def test_weights_side_by_side_are_each_weights_own_product(gguf_weights, which):
+    """q, k, v (or gate, up) in one kernel call: every column bit-identical to its weight's own matmul, at
+    every width and thread count, parts of different block types mixed (a Q4_K_M file's q/k/v)."""
+    kinds = ["Q4_K", "Q6_K", "Q8_0", "Q4_1"]
+    parts = [weight(gguf_weights, kind, which)[0] for kind in kinds]
+    side = SideBySide(parts)
+    assert side.out == len(kinds) * OUT
+    x = torch.randn(11, INNER, generator=torch.Generator().manual_seed(3))
+    own = torch.cat([p.matmul(x) for p in parts], dim=1)
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        assert torch.equal(side.matmul(x), own)
+        for width in (1, 2, 5, 8):
+            assert torch.equal(side.matmul(x[2:2 + width]), own[2:2 + width]), (threads, width)
+    into = torch.zeros(3, side.out + 4)
+    side.matmul(x[:3], out=into[:, 2:2 + side.out])
+    assert torch.equal(into[:, 2:2 + side.out], own[:3]) and not into[:, :2].any() and not into[:, -2:].any()
+    with pytest.raises(ValueError):
+        SideBySide(parts * 3)                                  # more than 8 parts
 
 
 def test_paths_agree_within_rounding(gguf_weights):

@@ -173,4 +173,5 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
 }
 
 #define TQ_GEMM_NAME tq_gemm_avx2
+#define TQ_GEMM_PARTS_NAME tq_gemm_parts_avx2
 #include "gemm_dispatch.h"

@@ -43,6 +43,7 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
 }
 
 #define TQ_GEMM_NAME tq_gemm_generic
+#define TQ_GEMM_PARTS_NAME tq_gemm_parts_generic
 #include "gemm_dispatch.h"
 
 /* y [n, inner] = the exact weights of rows ids[0..n-1] (ids NULL: rows 0..n-1). Returns 0 or -1. */
