@@ -43,6 +43,20 @@ def _check_f32(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{name}: expected a CPU float32 tensor of shape {shape}, got {t.dtype} {tuple(t.shape)}")
 
 
+def _operands(x: torch.Tensor, inner: int, out_cols: int, out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x checked and contiguous, and the output to write ([n, out_cols], ``out`` if given, checked). Cheap
+    checks only: this runs for every linear of every forward."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != inner or not x.is_cpu:
+        raise ValueError(f"x: expected a CPU float32 tensor [n, {inner}], got {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    n = x.shape[0]
+    if out is None:
+        return x, torch.empty(n, out_cols)
+    if out.shape != (n, out_cols) or out.stride(1) != 1 or out.dtype != torch.float32:
+        raise ValueError(f"out: expected float32 [{n}, {out_cols}] with unit column stride")
+    return x, out
+
+
 class QuantWeight:
     """One weight [out, inner] of a GGUF file as its raw blocks (see the module docstring)."""
 
@@ -76,19 +90,10 @@ class QuantWeight:
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """x [n, inner] fp32 -> x W^T + bias [n, out] (bias: [out] fp32 contiguous, or None). ``out``: a tensor
         [n, out] to write into, whose rows may be strided (a column slice of a wider output)."""
-        # cheap checks only: this runs for every linear of every forward
-        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.inner or not x.is_cpu:
-            raise ValueError(f"x: expected a CPU float32 tensor [n, {self.inner}], got {x.dtype} {tuple(x.shape)}")
-        x = x.contiguous()
+        x, y = _operands(x, self.inner, self.out, out)
         n = x.shape[0]
         if bias is not None and (bias.dtype != torch.float32 or bias.shape != (self.out,) or not bias.is_contiguous()):
             raise ValueError(f"bias: expected a contiguous float32 tensor [{self.out}]")
-        if out is None:
-            y = torch.empty(n, self.out)
-        elif out.shape != (n, self.out) or out.stride(1) != 1 or out.dtype != torch.float32:
-            raise ValueError(f"out: expected float32 [{n}, {self.out}] with unit column stride")
-        else:
-            y = out
         rc = self._kernels.gemm(self._type, x.data_ptr(), n, self.inner, self._w, self._ldw, self.out, _ptr(bias),
                                 y.data_ptr(), y.stride(0), torch.get_num_threads())
         if rc:
@@ -148,16 +153,8 @@ class SideBySide:
 
     def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """x [n, inner] fp32 -> [n, out]: each part's x W^T in its own columns (``out``: as QuantWeight.matmul)."""
-        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.inner or not x.is_cpu:
-            raise ValueError(f"x: expected a CPU float32 tensor [n, {self.inner}], got {x.dtype} {tuple(x.shape)}")
-        x = x.contiguous()
+        x, y = _operands(x, self.inner, self.out, out)
         n = x.shape[0]
-        if out is None:
-            y = torch.empty(n, self.out)
-        elif out.shape != (n, self.out) or out.stride(1) != 1 or out.dtype != torch.float32:
-            raise ValueError(f"out: expected float32 [{n}, {self.out}] with unit column stride")
-        else:
-            y = out
         if self._kernels.gemm_parts(*self._args, x.data_ptr(), n, self.inner, y.data_ptr(), y.stride(0),
                                     torch.get_num_threads()):
             raise RuntimeError(f"the {self._kernels.isa} GEMM refused " + ", ".join(p.kind for p in self.parts))
