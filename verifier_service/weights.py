@@ -135,7 +135,8 @@ class Concat(Weight):
         self.out, self.inner = sum(p.out for p in parts), parts[0].inner
         self.kind = "+".join(sorted({k for p in parts for k in p.kinds()}))
         self._side = None                 # GGUF blocks of one ISA: all parts in one kernel call (narrow blocks)
-        if all(isinstance(p, BlockWeight) for p in parts) and len({p.blocks.isa for p in parts}) == 1:
+        if (len(parts) <= 8 and all(isinstance(p, BlockWeight) for p in parts)
+                and len({p.blocks.isa for p in parts}) == 1):
             from verifier_service.quant import SideBySide
 
             self._side = SideBySide([p.blocks for p in parts])
