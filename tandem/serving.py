@@ -118,21 +118,19 @@ def _serve(behaviour, method: str, streaming: bool, client_streaming: bool = Fal
         """The replies, with the caller's peer set while they are made; an error ends the call. Closed early
         (a cancelled call), it closes ``replies`` at once, so the behaviour's own cleanup (sessions, the
         request's slot) runs now, whichever context closes it."""
-        caller, finished = CALLER.set(context.peer()), False
+        caller = CALLER.set(context.peer())
         try:
             async for reply in replies:
                 yield reply
-            finished = True
             return
         except Exception as exc:
-            finished, error = True, exc
+            error = exc
         finally:
             try:
                 CALLER.reset(caller)
             except ValueError:        # closed from another context (grpc's cleanup of a cancelled call)
                 pass
-            if not finished:
-                await replies.aclose()
+            await replies.aclose()    # a no-op once they ended or raised
         # grpc keeps the abort's exception with the call's state, in a cycle through the frames it passes:
         # without the request in them, a refused 10 MB request is freed when the call ends, not at the next
         # garbage collection

@@ -141,10 +141,17 @@ class SideBySide:
     gate and up): one kernel call (``gemm_parts``) instead of one per weight, every column bit-identical to
     its own weight's ``matmul``. No copy of the blocks (``QuantWeight.cat`` copies)."""
 
+    MAX_PARTS = 8                         # the kernel's bound (gemm_dispatch.h)
+
+    @classmethod
+    def accepts(cls, parts: Sequence[QuantWeight]) -> bool:
+        """1 to MAX_PARTS weights of one width and one ISA."""
+        return 1 <= len(parts) <= cls.MAX_PARTS and len({(p.inner, p.isa) for p in parts}) == 1
+
     def __init__(self, parts: Sequence[QuantWeight]):
+        if not self.accepts(parts):
+            raise ValueError(f"side by side: 1 to {self.MAX_PARTS} weights of one width and one ISA")
         n = len(parts)
-        if not 1 <= n <= 8 or len({p.inner for p in parts}) != 1 or len({p.isa for p in parts}) != 1:
-            raise ValueError("side by side: 1 to 8 weights of one width and one ISA")
         self.parts, self.inner, self.out = list(parts), parts[0].inner, sum(p.out for p in parts)
         self._kernels = parts[0]._kernels
         self._arrays = ((ctypes.c_int * n)(*(p._type for p in parts)), (ctypes.c_void_p * n)(*(p._w for p in parts)),

@@ -135,11 +135,11 @@ class Concat(Weight):
         self.out, self.inner = sum(p.out for p in parts), parts[0].inner
         self.kind = "+".join(sorted({k for p in parts for k in p.kinds()}))
         self._side = None                 # GGUF blocks of one ISA: all parts in one kernel call (narrow blocks)
-        if (len(parts) <= 8 and all(isinstance(p, BlockWeight) for p in parts)
-                and len({p.blocks.isa for p in parts}) == 1):
+        if all(isinstance(p, BlockWeight) for p in parts):
             from verifier_service.quant import SideBySide
 
-            self._side = SideBySide([p.blocks for p in parts])
+            blocks = [p.blocks for p in parts]
+            self._side = SideBySide(blocks) if SideBySide.accepts(blocks) else None
 
     def kinds(self) -> list[str]:
         return [k for p in self.parts for k in p.kinds()]
