@@ -47,6 +47,9 @@ def configure(p):
          "of having it draft the next block while the verifier checks this one", cast=bool)
     flag(p, "drafter-threads", 1, int, help="ONNX Runtime threads of the drafter")
     flag(p, "verifier-threads", 0, int, help="torch threads of the verifier (0: torch's default)")
+    flag(p, "activations", "fp32", help="the verifier's arithmetic on a GGUF file's blocks: 'fp32' (agrees with "
+         "transformers to fp32 rounding) or 'int8' (llama.cpp's: activations rounded to int8, faster); speculative "
+         "output equals plain decoding either way (see tandem-verifier --help)")
     flag(p, "verifier-cpus", None, help="pin the verifier and the gateway to these CPUs, e.g. '0' (Linux; "
          "unset: all)")
     flag(p, "drafter-cpus", None, help="pin the drafter to these CPUs, e.g. '1': with --verifier-cpus, drafting "
@@ -153,7 +156,7 @@ def start_cluster(args) -> Cluster:
     pin = (lambda cpus: ["--cpus", str(cpus)] if cpus else [])
     try:
         cluster.spawn("verifier", ["--target", args.target, "--threads", str(args.verifier_threads),
-                                   *pin(v_cpus), *metrics(1)], label=_label("verifier", args.target))
+                                   "--activations", getattr(args, "activations", "fp32"), *pin(v_cpus), *metrics(1)], label=_label("verifier", args.target))
         lookup_only = getattr(args, "lookup_only", False)
         if not lookup_only:
             cluster.spawn("drafter", ["--drafter", args.drafter, "--threads", str(args.drafter_threads),

@@ -33,6 +33,12 @@ def configure(p) -> None:
          "block width 8")
     flag(p, "isa", "auto", help="the C kernels' instruction set: 'auto' (the best this CPU runs), or force one: "
          "'avx512', 'avx2', 'generic' (plain C, any CPU); a CPU that lacks it is an error")
+    flag(p, "activations", "fp32", help="how the C kernels multiply a GGUF file's quantized blocks: 'fp32' (the "
+         "weights rebuilt exactly and multiplied in fp32: agrees with transformers' forward of the file to fp32 "
+         "rounding) or 'int8' (each row of activations rounded to int8 per 32 values and multiplied in integers, as "
+         "llama.cpp does: ~1.2x faster linear layers on AVX2, logits ~0.5 %% off fp32's, so greedy output can part "
+         "from fp32's at near-ties). Either way plain steps and verify blocks compute every row alike: speculative "
+         "output stays the target's own")
     flag(p, "prefill-chunk", 256, int, help="prompt tokens per prefill forward: other sessions' steps run between "
          "chunks (sharing the machine about equally with them), and a cancelled request stops at the next one "
          "(0: the whole prompt at once)")
@@ -103,6 +109,9 @@ async def load_target(args):
 
     os.environ[native.ENV] = args.isa           # the kernels read it; checked now, before the model loads
     native.isa()
+    from verifier_service import quant
+
+    os.environ[quant.ACTIVATIONS_ENV] = quant.activation_mode(args.activations)
     target = await torch_thread.arun(Target.load, args.target, dtype=args.dtype, device=args.device,
                                      session_ttl_s=args.session_ttl, max_sessions=args.max_sessions,
                                      max_block=args.max_block, gemm=args.gemm, prefill_chunk=args.prefill_chunk,

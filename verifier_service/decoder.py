@@ -143,6 +143,10 @@ class Decoder:
         self.rope = rope or RopeTables(spec)
         self.linears = _Modules(weights)
         self.gemm, self.gemm_note, self.gemm_choice = "blocks", "the file's blocks", None
+        arithmetic = {m.blocks.activations for m in self.linears.modules() if hasattr(m, "blocks")}
+        if arithmetic:
+            self.gemm_note += (", int8 activations (llama.cpp's arithmetic: --activations)" if "int8" in arithmetic
+                               else ", fp32 activations")
         if any(isinstance(m, (nn.Linear, fast_linear.FastLinear)) for m in self.linears.modules()):
             self.gemm, self.gemm_note, self.gemm_choice = fast_linear.configure(self.linears, gemm, widths)
 

@@ -38,8 +38,9 @@ import torch
 KERNELS = Path(__file__).with_name("kernels")
 ISAS = ("avx512", "avx2", "generic")
 ENV = "TANDEM_ISA"
-SOURCES = {"generic": ("gemm_generic.c", "ops_generic.c"), "avx2": ("gemm_avx2.c", "ops_avx2.c"),
-           "avx512": ("gemm_avx512.c", "ops_avx512.c")}
+SOURCES = {"generic": ("gemm_generic.c", "gemm_q8_generic.c", "ops_generic.c"),
+           "avx2": ("gemm_avx2.c", "gemm_q8_avx2.c", "ops_avx2.c"),
+           "avx512": ("gemm_avx512.c", "gemm_q8_avx512.c", "ops_avx512.c")}
 ISA_CFLAGS = {"generic": (), "avx2": ("-mavx2", "-mfma", "-mf16c"),
               "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c")}
 REQUIRED_CPU_FLAGS = {"generic": set(), "avx2": {"avx2", "fma", "f16c"},
@@ -131,9 +132,12 @@ def _declare(lib: ctypes.CDLL) -> None:
         gemm = getattr(lib, f"tq_gemm_{which}")
         gemm.argtypes = [cint, ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, cint]
         gemm.restype = cint
-        parts = getattr(lib, f"tq_gemm_parts_{which}")
-        parts.argtypes = [cint, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, cint]
-        parts.restype = cint
+        for name in ("tq_gemm_q8",):
+            f = getattr(lib, f"{name}_{which}")
+            f.argtypes, f.restype = gemm.argtypes, cint
+        for name in ("tq_gemm_parts", "tq_gemm_parts_q8"):
+            f = getattr(lib, f"{name}_{which}")
+            f.argtypes, f.restype = [cint, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, cint], cint
         attention = getattr(lib, f"tq_attention_{which}")
         attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, i64, i64, f32, ptr, cint]
         attention.restype = None
@@ -194,7 +198,8 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
 
 
 class Kernels:
-    """One ISA's functions of the library (ctypes; pointers as ints). Per-ISA: ``gemm``, ``gemm_parts``, ``attention``,
+    """One ISA's functions of the library (ctypes; pointers as ints). Per-ISA: ``gemm``, ``gemm_parts`` (and their
+    int8-activation forms ``gemm_q8``, ``gemm_parts_q8``), ``attention``,
     ``silu_mul``, ``gelu_tanh_mul``; the same on every ISA (memory-light, no exp): ``add_rms_norm``,
     ``head_rms_norm``, ``rope_store``, ``dequantize_rows``. Arguments: kernels/quants.h (GEMM),
     kernels/ops_generic.c (the rest). ``verifier_service.quant`` wraps them for torch tensors."""
@@ -203,6 +208,8 @@ class Kernels:
         self.isa = which
         self.gemm = getattr(lib, f"tq_gemm_{which}")
         self.gemm_parts = getattr(lib, f"tq_gemm_parts_{which}")
+        self.gemm_q8 = getattr(lib, f"tq_gemm_q8_{which}")               # int8 activations: kernels/gemm_q8.h
+        self.gemm_parts_q8 = getattr(lib, f"tq_gemm_parts_q8_{which}")
         self.attention = getattr(lib, f"tq_attention_{which}")
         self.silu_mul = getattr(lib, f"tq_silu_mul_{which}")
         self.gelu_tanh_mul = getattr(lib, f"tq_gelu_tanh_mul_{which}")

@@ -11,6 +11,13 @@ memory-mapped). Kinds: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
 ``Ops``: attention (exact rows, optional sliding window) and the row-wise glue on torch tensors.
 
 Both use the ISA ``native.isa()`` picks (``TANDEM_ISA`` / ``--isa`` forces one), or the one passed as ``isa``.
+
+Activations (``TANDEM_ACTIVATIONS`` / the verifier's ``--activations``, or ``activations=``): 'fp32' (default:
+the rebuilt weights times x in fp32, agreeing with transformers' forward of the file to fp32 rounding) or
+'int8': x rounded to int8 per 32 values and multiplied in integers, llama.cpp's arithmetic for quantized
+weights (kernels/gemm_q8.h; ~1.2x faster GEMMs on AVX2, results differ from fp32 by ~0.5 % of a dot
+product). Kinds without an int8 form (F32, F16, BF16) stay fp32. Rows are exact either way, so plain steps
+and verify blocks agree bit for bit whichever is chosen.
 """
 
 from __future__ import annotations
@@ -25,7 +32,21 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from verifier_service import native
 
 KINDS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+INT8_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")   # kernels/gemm_q8.h
+ACTIVATIONS = ("fp32", "int8")
+ACTIVATIONS_ENV = "TANDEM_ACTIVATIONS"
 CHUNK = 32   # every row is whole 32-weight chunks (and whole blocks of its kind)
+
+
+def activation_mode(value: str | None = None) -> str:
+    """The activation arithmetic: ``value``, else ``TANDEM_ACTIVATIONS``, else 'fp32'. ValueError naming the
+    flag for anything else."""
+    import os
+
+    chosen = (value if value is not None else os.environ.get(ACTIVATIONS_ENV, "")).strip().lower() or "fp32"
+    if chosen not in ACTIVATIONS:
+        raise ValueError(f"--activations {chosen!r} ({ACTIVATIONS_ENV}): not one of {', '.join(ACTIVATIONS)}")
+    return chosen
 
 
 def row_bytes(kind: str, inner: int) -> int:
@@ -61,7 +82,7 @@ class QuantWeight:
     """One weight [out, inner] of a GGUF file as its raw blocks (see the module docstring)."""
 
     def __init__(self, kind: str | GGMLQuantizationType | int, raw: np.ndarray, out: int, inner: int,
-                 isa: str | None = None):
+                 isa: str | None = None, activations: str | None = None):
         self.kind = GGMLQuantizationType(kind).name if not isinstance(kind, str) else kind
         if self.kind not in KINDS:
             raise ValueError(f"GGUF type {self.kind} is not one the kernels read ({', '.join(KINDS)})")
@@ -82,6 +103,9 @@ class QuantWeight:
         self._kernels = native.kernels(isa)
         self.isa = self._kernels.isa
         self._w, self._ldw = raw.ctypes.data, raw.strides[0]
+        asked = activation_mode(activations)
+        self.activations = "int8" if asked == "int8" and self.kind in INT8_KINDS else "fp32"
+        self._gemm = self._kernels.gemm_q8 if self.activations == "int8" else self._kernels.gemm
 
     @property
     def nbytes(self) -> int:
@@ -94,7 +118,7 @@ class QuantWeight:
         n = x.shape[0]
         if bias is not None and (bias.dtype != torch.float32 or bias.shape != (self.out,) or not bias.is_contiguous()):
             raise ValueError(f"bias: expected a contiguous float32 tensor [{self.out}]")
-        rc = self._kernels.gemm(self._type, x.data_ptr(), n, self.inner, self._w, self._ldw, self.out, _ptr(bias),
+        rc = self._gemm(self._type, x.data_ptr(), n, self.inner, self._w, self._ldw, self.out, _ptr(bias),
                                 y.data_ptr(), y.stride(0), torch.get_num_threads())
         if rc:
             raise RuntimeError(f"the {self.isa} GEMM refused {self.kind} [{self.out}, {self.inner}]")
@@ -122,7 +146,7 @@ class QuantWeight:
 
     def take(self, order: Sequence[int] | np.ndarray) -> "QuantWeight":
         """The weight whose row i is this one's row order[i] (a copy of those blocks)."""
-        return QuantWeight(self.kind, self.raw[np.asarray(order)], len(order), self.inner, self.isa)
+        return QuantWeight(self.kind, self.raw[np.asarray(order)], len(order), self.inner, self.isa, self.activations)
 
     @staticmethod
     def cat(parts: Sequence["QuantWeight"]) -> "QuantWeight":
@@ -130,10 +154,14 @@ class QuantWeight:
         kind, inner = parts[0].kind, parts[0].inner
         if any(p.kind != kind or p.inner != inner for p in parts):
             raise ValueError("cannot merge GGUF weights of different types or widths")
-        return QuantWeight(kind, np.concatenate([p.raw for p in parts]), sum(p.out for p in parts), inner, parts[0].isa)
+        if len({p.activations for p in parts}) > 1:
+            raise ValueError("cannot merge GGUF weights of different activation arithmetic")
+        return QuantWeight(kind, np.concatenate([p.raw for p in parts]), sum(p.out for p in parts), inner, parts[0].isa,
+                           parts[0].activations)
 
     def __repr__(self) -> str:
-        return f"QuantWeight({self.kind}, [{self.out}, {self.inner}], {self.nbytes / 1e6:.1f} MB, {self.isa})"
+        return (f"QuantWeight({self.kind}, [{self.out}, {self.inner}], {self.nbytes / 1e6:.1f} MB, {self.isa}, "
+                f"{self.activations} activations)")
 
 
 class SideBySide:
@@ -145,15 +173,16 @@ class SideBySide:
 
     @classmethod
     def accepts(cls, parts: Sequence[QuantWeight]) -> bool:
-        """1 to MAX_PARTS weights of one width and one ISA."""
-        return 1 <= len(parts) <= cls.MAX_PARTS and len({(p.inner, p.isa) for p in parts}) == 1
+        """1 to MAX_PARTS weights of one width, one ISA and one activation arithmetic."""
+        return 1 <= len(parts) <= cls.MAX_PARTS and len({(p.inner, p.isa, p.activations) for p in parts}) == 1
 
     def __init__(self, parts: Sequence[QuantWeight]):
         if not self.accepts(parts):
-            raise ValueError(f"side by side: 1 to {self.MAX_PARTS} weights of one width and one ISA")
+            raise ValueError(f"side by side: 1 to {self.MAX_PARTS} weights of one width, ISA and activation arithmetic")
         n = len(parts)
         self.parts, self.inner, self.out = list(parts), parts[0].inner, sum(p.out for p in parts)
         self._kernels = parts[0]._kernels
+        self._gemm_parts = self._kernels.gemm_parts_q8 if parts[0].activations == "int8" else self._kernels.gemm_parts
         self._arrays = ((ctypes.c_int * n)(*(p._type for p in parts)), (ctypes.c_void_p * n)(*(p._w for p in parts)),
                         (ctypes.c_int64 * n)(*(p._ldw for p in parts)), (ctypes.c_int64 * n)(*(p.out for p in parts)))
         self._args = (n, *(ctypes.addressof(a) for a in self._arrays))
@@ -162,7 +191,7 @@ class SideBySide:
         """x [n, inner] fp32 -> [n, out]: each part's x W^T in its own columns (``out``: as QuantWeight.matmul)."""
         x, y = _operands(x, self.inner, self.out, out)
         n = x.shape[0]
-        if self._kernels.gemm_parts(*self._args, x.data_ptr(), n, self.inner, y.data_ptr(), y.stride(0),
+        if self._gemm_parts(*self._args, x.data_ptr(), n, self.inner, y.data_ptr(), y.stride(0),
                                     torch.get_num_threads()):
             raise RuntimeError(f"the {self._kernels.isa} GEMM refused " + ", ".join(p.kind for p in self.parts))
         return y

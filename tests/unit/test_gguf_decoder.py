@@ -148,6 +148,41 @@ def test_speculative_greedy_equals_plain_through_target(tiny_gguf_files, arch):
         assert out[:24] == plain, k
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_int8_activations_keep_rows_exact_and_speculation_lossless(tiny_gguf_files, arch, monkeypatch):
+    """--activations int8 (llama.cpp's arithmetic): logits not the fp32 path's (how far each product may move:
+    test_quant_kernels; a random tiny model amplifies it layer by layer); every row of a block still the
+    plain step's bit for bit; speculative greedy through Target still the plain chain."""
+    if native.library() is None:
+        pytest.skip(f"C kernels unavailable: {native.unavailable_reason()}")
+    fp32 = logits(decoder_of(tiny_gguf_files[arch], "native"), SEQ)
+    monkeypatch.setenv("TANDEM_ACTIVATIONS", "int8")
+    decoder = decoder_of(tiny_gguf_files[arch], "native")
+    assert "int8 activations" in decoder.gemm_note
+    got = logits(decoder, SEQ)
+    assert not torch.equal(got, fp32)
+    base = 10
+    plain = logits(decoder, SEQ, list(range(base, len(SEQ))))[base:]
+    assert torch.equal(plain, got[base:])
+    for width in (2, 5, 8):
+        cache = decoder.new_cache()
+        decoder.forward(cache, SEQ[:base])
+        rows = decoder.forward(cache, SEQ[base:base + width])
+        assert all(torch.equal(rows[i], plain[i]) for i in range(width)), width
+    target = tiny_target(tiny_gguf_files[arch])
+    assert "int8 activations" in target.startup_line()
+    prompt = SEQ[:9]
+    want = greedy_plain(target, prompt, 20, "plain")
+    first, _ = target.start("int8", prompt, SamplingParams())
+    out = [first]
+    while len(out) < 20:
+        truth = want[len(out):len(out) + 4]
+        guess = truth[:-1] + [(truth[-1] + 1) % 260] if len(truth) == 4 else truth
+        outcome = target.verify("int8", [DraftToken(t) for t in guess])
+        out += guess[:outcome.accepted] + [outcome.next_token]
+    assert out[:20] == want
+
+
 def test_a_failed_forward_rolls_back(tiny_gguf_files, monkeypatch):
     target = tiny_target(tiny_gguf_files["llama"])
     target.start("r", SEQ[:6], SamplingParams())

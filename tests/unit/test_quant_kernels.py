@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from verifier_service import native
-from verifier_service.quant import KINDS, Ops, QuantWeight, SideBySide
+from verifier_service.quant import INT8_KINDS, KINDS, Ops, QuantWeight, SideBySide
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"C kernels unavailable: {native.unavailable_reason()}")
 
@@ -251,6 +251,77 @@ def test_bad_weights_and_isas_are_refused(gguf_weights, monkeypatch):
             native.isa()
     monkeypatch.setenv(native.ENV, "auto")
     assert native.isa() == native.runnable_isas()[0]
+
+
+# ---- int8 activations (kernels/gemm_q8.h) --------------------------------------------------------------
+def int8_weight(gguf_weights, kind, which) -> tuple[QuantWeight, torch.Tensor]:
+    raw, ref = gguf_weights[kind]
+    return QuantWeight(kind, raw, OUT, INNER, isa=which, activations="int8"), ref
+
+
+def rounded_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """gemm_q8.h's rounding of x [n, inner] per 32 values, in numpy fp32: the values it stands for (q * d)
+    and each value's block scale d."""
+    xb = x.numpy().reshape(x.shape[0], -1, 32)
+    d = (np.abs(xb).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+    q = np.rint((xb * inv).astype(np.float32))                                   # numpy rounds half to even
+    assert np.abs(q).max() <= 127
+    return torch.from_numpy((q * d).reshape(x.shape)), torch.from_numpy(np.broadcast_to(d, xb.shape).reshape(x.shape))
+
+
+@pytest.mark.parametrize("which", ISAS)
+@pytest.mark.parametrize("kind", INT8_KINDS)
+def test_int8_activations_are_llama_cpp_arithmetic(gguf_weights, kind, which):
+    """x rounded to int8 per 32 values, times the exact weights: the product of the rounded x within fp32
+    summation rounding, and the fp32 product within what the rounding of x can move it (half a step a value)."""
+    w, ref = int8_weight(gguf_weights, kind, which)
+    assert w.activations == "int8"
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(9, INNER, generator=gen)
+    x[3, :32] = 0.0                                                               # a block of zeros: d = 0
+    bias = torch.randn(OUT, generator=gen)
+    y = w.matmul(x, bias).double()
+    xq, d = rounded_activations(x)
+    exact = xq.double() @ ref.double().T + bias.double()
+    bound = (INNER + 4) * U * (xq.double().abs() @ ref.double().abs().T + bias.double().abs())
+    assert ((y - exact).abs() <= bound).all(), float(((y - exact).abs() / bound).max())
+    fp32 = x.double() @ ref.double().T + bias.double()
+    moved = (d.double() / 2) @ ref.double().abs().T                            # |x - xq| <= d / 2 a value
+    assert ((y - fp32).abs() <= moved + bound).all()
+    assert not torch.equal(w.matmul(x), weight(gguf_weights, kind, which)[0].matmul(x))   # not the fp32 path
+
+
+@pytest.mark.parametrize("which", ISAS)
+def test_int8_rows_are_exact_and_the_same_on_every_path(gguf_weights, which):
+    """A row's int8 result is bit-identical at every width and thread count, side by side or alone, and on
+    every ISA path (integers are exact and the fp32 steps run in one order everywhere; not checked on an
+    emulated path, whose FMAs are a product and a sum)."""
+    x = torch.randn(11, INNER, generator=torch.Generator().manual_seed(6))
+    for kind in INT8_KINDS:
+        w, _ = int8_weight(gguf_weights, kind, which)
+        full = w.matmul(x)
+        if which not in EMULATED:
+            assert torch.equal(full, int8_weight(gguf_weights, kind, "generic")[0].matmul(x)), kind
+        for width in (1, 2, 3, 4, 5, 8):
+            assert torch.equal(w.matmul(x[2:2 + width]), full[2:2 + width]), (kind, width)
+        torch.set_num_threads(2)
+        assert torch.equal(w.matmul(x), full) and torch.equal(w.matmul(x[4:5]), full[4:5]), kind
+        torch.set_num_threads(1)
+    parts = [int8_weight(gguf_weights, kind, which)[0] for kind in ("Q4_K", "Q6_K", "Q8_0", "Q4_1", "Q5_0")]
+    side = SideBySide(parts)
+    own = torch.cat([p.matmul(x) for p in parts], dim=1)
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        assert torch.equal(side.matmul(x), own)
+        assert torch.equal(side.matmul(x[6:7]), own[6:7])
+    torch.set_num_threads(1)
+    f16, _ = int8_weight(gguf_weights, "F16", which)
+    assert f16.activations == "fp32"                                    # no int8 form: the fp32 kernel
+    assert not SideBySide.accepts([parts[0], f16])                     # one arithmetic per kernel call
+    with pytest.raises(ValueError, match="--activations 'int4'"):
+        int8_weight(gguf_weights, "Q4_K", which)[0].__class__("Q4_K", gguf_weights["Q4_K"][0], OUT, INNER,
+                                                              activations="int4")
 
 
 # ---- attention and glue ------------------------------------------------------------------------------

@@ -1,0 +1,71 @@
+/* The int8-activation GEMM ("q8" arithmetic): y = x W^T where each row of x is first rounded to int8 in
+   blocks of 32 values, and each 32-weight chunk of a quantized weight row is multiplied by the block of x
+   under it in integers. This is how llama.cpp computes every quantized matmul (its q8_0/q8_1 activations):
+   an int8 multiply-add does 32 weights in one instruction where the fp32 path rebuilds and converts them
+   first, so the decoder's GEMMs run about twice as fast on AVX2. The results differ from the fp32 path (and
+   from transformers' fp32 forward of the same file) by the activation rounding, ~0.5 % of a dot product;
+   the verifier uses one arithmetic for plain steps and verify blocks alike, so speculative output stays the
+   target's own token for token.
+
+   The arithmetic, exactly (gemm_q8_generic.c is this text in C; every ISA computes the same bits):
+     x block b of a row (values x_j, j = 0..31):  amax = max |x_j|;  d_b = amax / 127;  id = d_b ? 1 / d_b : 0;
+       q_j = round-to-nearest-even(x_j * id) (int8);  s_b = d_b * (float) sum_j q_j.
+     weight chunk (32 weights of one block, natural order): integers w_j, a scale for weights 0-15 and one
+       for 16-31 (equal except Q6_K, whose sub-blocks are 16 weights) and an offset m (0 where the kind has
+       none), so that weight j = scale * w_j + m as quants.h rebuilds it:
+       Q4_0 d, q - 8 | Q4_1 d, q, m | Q5_0 d, q - 16 | Q5_1 d, q, m | Q8_0 d, q |
+       Q4_K/Q5_K d * sc, q, -(dmin * m) | Q6_K d * sc (per 16), q - 32.
+     eight fp32 lanes acc[0..7] and one fp32 msum, all 0; for each chunk in order, with x block b under it:
+       lane l (weights 4l..4l+3):  L = sum of w_j q_j (exact int32);  acc[l] = fma(scale_l * d_b, (float) L, acc[l])
+       msum = fma(m, s_b, msum)            (kinds with an offset only)
+     y = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7)) + msum (+ bias).
+   Every integer is exact and every fp32 operation is one IEEE rounding in a fixed order, so a row's result
+   does not depend on the ISA, the block width or the thread count (exact rows).
+
+   F32/F16/BF16 weights have no int8 form here: they stay on the fp32 GEMM (callers choose per weight).
+
+   Each gemm_q8_<isa>.c defines ROWS, q8_rows_times_row(kind, N, ...) (rows r0..r0+N-1 of the quantized x
+   against weight row o), TQ_GEMM_Q8_NAME and TQ_GEMM_PARTS_Q8_NAME, then includes gemm_q8_dispatch.h. */
+#pragma once
+#include <math.h>
+#include <stdlib.h>
+
+#include "quants.h"
+
+static inline int tq_q8_kind_ok(int kind) {
+    switch (kind) {
+    case TQ_Q4_0: case TQ_Q4_1: case TQ_Q5_0: case TQ_Q5_1: case TQ_Q8_0: case TQ_Q4_K: case TQ_Q5_K: case TQ_Q6_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Kinds whose weights carry an offset (m above): the others add no msum term at all. */
+static inline int tq_q8_has_offset(int kind) {
+    return kind == TQ_Q4_1 || kind == TQ_Q5_1 || kind == TQ_Q4_K || kind == TQ_Q5_K;
+}
+
+/* Row r of x rounded as above: q [inner] int8, d and s [inner / 32]. Plain C on every ISA (each a single
+   IEEE operation or an exact one, so vectorised or not the bits are these). */
+static inline void tq_q8_quantize_row(const float *x, int64_t inner, int8_t *q, float *d, float *s) {
+    for (int64_t b = 0; b < inner / 32; b++) {
+        const float *xb = x + 32 * b;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            const float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+        }
+        const float db = amax / 127.0f;
+        const float id = db != 0.0f ? 1.0f / db : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            const float v = nearbyintf(xb[j] * id);           /* |v| <= 127 */
+            const int iv = v == v ? (int)v : 0;               /* NaN (a NaN or inf input): 0 */
+            q[32 * b + j] = (int8_t)iv;
+            sum += iv;
+        }
+        d[b] = db;
+        s[b] = db * (float)sum;
+    }
+}

@@ -1,0 +1,138 @@
+/* The int8-activation GEMM (gemm_q8.h) with AVX2 integer multiply-adds; built for the avx2 path
+   (gemm_q8_avx2.c) and, unchanged, for the avx512 path (gemm_q8_avx512.c). Reference: gemm_q8_generic.c.
+
+   A chunk's 32 integer weights sit in one register in weight order (nibbles: low ones are weights 0-15,
+   high ones 16-31). Per row of x: vpmaddubsw multiplies unsigned weight bytes by the signed x bytes and adds
+   pairs (int16, no saturation: at most 31 * 127 * 2, or 128 * 127 * 2 for signed weights, which go in as
+   |w| against x carrying w's sign), vpmaddwd with ones adds pairs again: int32 lane l = weights 4l..4l+3,
+   exact. One conversion and one FMA into the row's accumulator, the offset term by a scalar FMA: the
+   arithmetic of gemm_q8.h, operation for operation.
+
+   Up to ROWS rows of x share each chunk's weight register. One weight row at a time: tiles of 2-4 weight
+   rows (independent FMA chains, one x load for several columns) measured slower at every width on Zen 3,
+   as did two accumulators a row (the width-1 GEMV is bound by streaming the weights, not by FMA latency);
+   a software prefetch Q8_PREFETCH bytes ahead gained a little. */
+#include <immintrin.h>
+
+#include "gemm_q8.h"
+#include "gemm_shared_avx2.h"
+
+#ifndef ROWS
+#define ROWS 4
+#endif
+#ifndef Q8_PREFETCH
+#define Q8_PREFETCH 512
+#endif
+
+/* 32 bits -> 32 bytes, 0x10 where the bit is set (the fifth bit of Q5_0/Q5_1 weight j is bit j of qh). */
+static inline __m256i q8_fifth_bits(uint32_t qh) {
+    const __m256i shuf = _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202,
+                                            0x0303030303030303);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
+}
+
+/* 16 bytes of nibbles -> 32 bytes: low nibbles (weights 0-15), then high nibbles (16-31). */
+static inline __m256i q8_nibbles(const uint8_t *qs) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i m = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+/* The chunk's integer dot products with an x block, as 8 fp32 lanes (exact). */
+#define Q8_LANES(wv, is_signed, xv)                                                                          \
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(                                                                  \
+        (is_signed) ? _mm256_maddubs_epi16(_mm256_sign_epi8((wv), (wv)), _mm256_sign_epi8((xv), (wv)))   \
+                    : _mm256_maddubs_epi16((wv), (xv)),                                                   \
+        _mm256_set1_epi16(1)))
+
+static inline int q8_signed(int kind) { return kind == TQ_Q4_0 || kind == TQ_Q5_0 || kind == TQ_Q8_0 || kind == TQ_Q6_K; }
+
+/* Chunk c of the block at blk: its 32 integer weights in weight order, scales s0 (weights 0-15) and s1
+   (16-31), offset m (kinds with one). kind is a constant where this is inlined: the switch folds away. */
+static inline __attribute__((always_inline)) __m256i q8_chunk(int kind, const uint8_t *blk, int c, float *s0, float *s1,
+                                                              float *m) {
+    switch (kind) {
+    case TQ_Q4_0:
+        *s0 = *s1 = half(blk);
+        return _mm256_sub_epi8(q8_nibbles(blk + offsetof(block_q4_0, qs)), _mm256_set1_epi8(8));
+    case TQ_Q4_1:
+        *s0 = *s1 = half(blk);
+        *m = half(blk + 2);
+        return q8_nibbles(blk + offsetof(block_q4_1, qs));
+    case TQ_Q5_0:
+        *s0 = *s1 = half(blk);
+        return _mm256_sub_epi8(_mm256_or_si256(q8_nibbles(blk + offsetof(block_q5_0, qs)),
+                                               q8_fifth_bits(tq_u32(blk + offsetof(block_q5_0, qh)))),
+                               _mm256_set1_epi8(16));
+    case TQ_Q5_1:
+        *s0 = *s1 = half(blk);
+        *m = half(blk + 2);
+        return _mm256_or_si256(q8_nibbles(blk + offsetof(block_q5_1, qs)),
+                               q8_fifth_bits(tq_u32(blk + offsetof(block_q5_1, qh))));
+    case TQ_Q8_0:
+        *s0 = *s1 = half(blk);
+        return _mm256_loadu_si256((const __m256i *)(blk + offsetof(block_q8_0, qs)));
+    case TQ_Q4_K: case TQ_Q5_K: {
+        uint8_t sc, mn;
+        tq_scale_min_k4(c, blk + offsetof(block_q4_K, scales), &sc, &mn);
+        *s0 = *s1 = half(blk) * (float)sc;                         /* d * sc, dmin * m: as tq_k4_decode */
+        *m = -(half(blk + 2) * (float)mn);
+        const uint8_t *qs = blk + (kind == TQ_Q5_K ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs));
+        const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * (c / 2)));
+        __m256i wv = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(0x0F));
+        if (kind == TQ_Q5_K) {
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + offsetof(block_q5_K, qh)));
+            wv = _mm256_or_si256(wv, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(c)),
+                                                                         _mm256_set1_epi8(1)), 4));
+        }
+        return wv;
+    }
+    case TQ_Q6_K:
+        *s0 = q6_k_scale(blk, 2 * c);
+        *s1 = q6_k_scale(blk, 2 * c + 1);
+        return q6_k_chunk(blk, c);
+    default:
+        *s0 = *s1 = 0.0f;
+        return _mm256_setzero_si256();
+    }
+}
+
+/* Rows r0..r0+N-1 of x against weight row o (w: its first byte). */
+static inline __attribute__((always_inline)) void q8_rows_times_row(int kind, int N, const int8_t *xq, const float *xd,
+                                                                    const float *xs, int64_t inner, const uint8_t *w,
+                                                                    const float *bias, float *y, int64_t ldy, int64_t r0,
+                                                                    int64_t o) {
+    __m256 acc[ROWS];
+    float msum[ROWS];
+    for (int r = 0; r < N; r++) {
+        acc[r] = _mm256_setzero_ps();
+        msum[r] = 0.0f;
+    }
+    const int bb = tq_block_bytes(kind), per = tq_block_weights(kind) / 32, has_m = tq_q8_has_offset(kind);
+    const int sgn = q8_signed(kind);
+    const int64_t nb = inner / 32, blocks = inner / tq_block_weights(kind);
+    for (int64_t b = 0; b < blocks; b++) {
+        _mm_prefetch((const char *)(w + b * bb + Q8_PREFETCH), _MM_HINT_T0);
+        for (int k = 0; k < per; k++) {
+            const int64_t xb = b * per + k;                      /* the x block under chunk k of block b */
+            float s0, s1, m = 0.0f;
+            const __m256i wv = q8_chunk(kind, w + b * bb, k, &s0, &s1, &m);
+            for (int r = 0; r < N; r++) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (r0 + r) * inner + 32 * xb));
+                const float dx = xd[(r0 + r) * nb + xb];
+                const __m256 sc = kind != TQ_Q6_K ? _mm256_set1_ps(s0 * dx)
+                                                  : _mm256_setr_m128(_mm_set1_ps(s0 * dx), _mm_set1_ps(s1 * dx));
+                acc[r] = _mm256_fmadd_ps(sc, Q8_LANES(wv, sgn, xv), acc[r]);
+                if (has_m) msum[r] = fmaf(m, xs[(r0 + r) * nb + xb], msum[r]);
+            }
+        }
+    }
+    for (int r = 0; r < N; r++) {
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        const float s = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+        y[(r0 + r) * ldy + o] = (s + msum[r]) + (bias ? bias[o] : 0.0f);
+    }
+}
