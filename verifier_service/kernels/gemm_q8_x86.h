@@ -10,8 +10,8 @@
 
    Up to ROWS rows of x share each chunk's weight register. One weight row at a time: tiles of 2-4 weight
    rows (independent FMA chains, one x load for several columns) measured slower at every width on Zen 3,
-   as did two accumulators a row (the width-1 GEMV is bound by streaming the weights, not by FMA latency);
-   a software prefetch Q8_PREFETCH bytes ahead gained a little. */
+   as did two accumulators a row, and a software prefetch made no difference (at 2 threads the width-1
+   GEMV streams the weights at about the rate this host's memory gives one process). */
 #include <immintrin.h>
 
 #include "gemm_q8.h"
@@ -19,9 +19,6 @@
 
 #ifndef ROWS
 #define ROWS 4
-#endif
-#ifndef Q8_PREFETCH
-#define Q8_PREFETCH 512
 #endif
 
 /* 32 bits -> 32 bytes, 0x10 where the bit is set (the fifth bit of Q5_0/Q5_1 weight j is bit j of qh). */
@@ -114,7 +111,6 @@ static inline __attribute__((always_inline)) void q8_rows_times_row(int kind, in
     const int sgn = q8_signed(kind);
     const int64_t nb = inner / 32, blocks = inner / tq_block_weights(kind);
     for (int64_t b = 0; b < blocks; b++) {
-        _mm_prefetch((const char *)(w + b * bb + Q8_PREFETCH), _MM_HINT_T0);
         for (int k = 0; k < per; k++) {
             const int64_t xb = b * per + k;                      /* the x block under chunk k of block b */
             float s0, s1, m = 0.0f;
