@@ -49,6 +49,7 @@ REQUIRED_CPU_FLAGS = {"generic": set(), "avx2": {"avx2", "fma", "f16c"},
 # `rep stosq` memset per output row (204 672 calls a forward: +20 % at width 8, measured)
 CFLAGS = ("-O3", "-fno-tree-loop-distribute-patterns", "-ffp-contract=off", "-fopenmp", "-fPIC")
 ABI = 2
+X8_ISAS = ("avx2", "avx512")      # ISAs with the int8 GEMM on 8 interleaved weight rows (kernels/gemm_q8x8_x86.h)
 
 
 def _x86() -> bool:
@@ -138,12 +139,20 @@ def _declare(lib: ctypes.CDLL) -> None:
         for name in ("tq_gemm_parts", "tq_gemm_parts_q8"):
             f = getattr(lib, f"{name}_{which}")
             f.argtypes, f.restype = [cint, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, cint], cint
+        if which in X8_ISAS:
+            f = getattr(lib, f"tq_gemm_q8x8_{which}")
+            f.argtypes, f.restype = [cint, ptr, i64, i64, ptr, i64, ptr, ptr, i64, cint], cint
+            f = getattr(lib, f"tq_gemm_parts_q8x8_{which}")
+            f.argtypes, f.restype = [cint, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, cint], cint
         attention = getattr(lib, f"tq_attention_{which}")
         attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, i64, i64, f32, ptr, cint]
         attention.restype = None
         for name in ("tq_silu_mul", "tq_gelu_tanh_mul"):
             f = getattr(lib, f"{name}_{which}")
             f.argtypes, f.restype = [ptr, i64, i64, ptr], None
+    lib.tq_pack_q8x8.argtypes, lib.tq_pack_q8x8.restype = [cint, ptr, i64, i64, i64, ptr, cint], cint
+    lib.tq_dequantize_rows_q8x8.argtypes = [cint, ptr, i64, ptr, i64, ptr, cint]
+    lib.tq_dequantize_rows_q8x8.restype = cint
     lib.tq_dequantize_rows.argtypes = [cint, ptr, i64, ptr, i64, i64, ptr, cint]
     lib.tq_dequantize_rows.restype = cint
     lib.tq_add_rms_norm.argtypes = [ptr, ptr, i64, i64, ptr, f32, ptr]
@@ -210,6 +219,10 @@ class Kernels:
         self.gemm_parts = getattr(lib, f"tq_gemm_parts_{which}")
         self.gemm_q8 = getattr(lib, f"tq_gemm_q8_{which}")               # int8 activations: kernels/gemm_q8.h
         self.gemm_parts_q8 = getattr(lib, f"tq_gemm_parts_q8_{which}")
+        self.gemm_q8x8 = getattr(lib, f"tq_gemm_q8x8_{which}") if which in X8_ISAS else None
+        self.gemm_parts_q8x8 = getattr(lib, f"tq_gemm_parts_q8x8_{which}") if which in X8_ISAS else None
+        self.pack_q8x8 = lib.tq_pack_q8x8
+        self.dequantize_rows_q8x8 = lib.tq_dequantize_rows_q8x8
         self.attention = getattr(lib, f"tq_attention_{which}")
         self.silu_mul = getattr(lib, f"tq_silu_mul_{which}")
         self.gelu_tanh_mul = getattr(lib, f"tq_gelu_tanh_mul_{which}")

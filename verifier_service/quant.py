@@ -17,7 +17,10 @@ the rebuilt weights times x in fp32, agreeing with transformers' forward of the 
 'int8': x rounded to int8 per 32 values and multiplied in integers, llama.cpp's arithmetic for quantized
 weights (kernels/gemm_q8.h; ~1.2x faster GEMMs on AVX2, results differ from fp32 by ~0.5 % of a dot
 product). Kinds without an int8 form (F32, F16, BF16) stay fp32. Rows are exact either way, so plain steps
-and verify blocks agree bit for bit whichever is chosen.
+and verify blocks agree bit for bit whichever is chosen. On x86, int8 Q4_0/Q4_1/Q8_0 weights are also copied
+once into the x8 layout (8 weight rows interleaved, ``QuantWeight.x8``), which computes the same bits with
+less work per weight; ``rows()`` reads it too, so a GGUF target's loader releases the file's pages
+(``GgufModel._weight``): the copy takes their place in RAM.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from verifier_service import native
 
 KINDS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 INT8_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")   # kernels/gemm_q8.h
+X8_KINDS = ("Q4_0", "Q4_1", "Q8_0")     # int8 also on 8 interleaved weight rows (kernels/gemm_q8x8_x86.h)
 ACTIVATIONS = ("fp32", "int8")
 ACTIVATIONS_ENV = "TANDEM_ACTIVATIONS"
 CHUNK = 32   # every row is whole 32-weight chunks (and whole blocks of its kind)
@@ -106,6 +110,13 @@ class QuantWeight:
         asked = activation_mode(activations)
         self.activations = "int8" if asked == "int8" and self.kind in INT8_KINDS else "fp32"
         self._gemm = self._kernels.gemm_q8 if self.activations == "int8" else self._kernels.gemm
+        self.x8 = None            # the x8 copy (int8, X8_KINDS, out % 8 == 0, an x86 path): same bits, faster
+        if (self.activations == "int8" and self.kind in X8_KINDS and self.out % 8 == 0
+                and self._kernels.gemm_q8x8 is not None):
+            self.x8 = np.empty(self.nbytes, dtype=np.uint8)
+            if self._kernels.pack_q8x8(self._type, self._w, self._ldw, self.out, self.inner, self.x8.ctypes.data,
+                                       torch.get_num_threads()):
+                raise RuntimeError(f"cannot interleave {self.kind} [{self.out}, {self.inner}]")
 
     @property
     def nbytes(self) -> int:
@@ -118,8 +129,12 @@ class QuantWeight:
         n = x.shape[0]
         if bias is not None and (bias.dtype != torch.float32 or bias.shape != (self.out,) or not bias.is_contiguous()):
             raise ValueError(f"bias: expected a contiguous float32 tensor [{self.out}]")
-        rc = self._gemm(self._type, x.data_ptr(), n, self.inner, self._w, self._ldw, self.out, _ptr(bias),
-                                y.data_ptr(), y.stride(0), torch.get_num_threads())
+        if self.x8 is not None:
+            rc = self._kernels.gemm_q8x8(self._type, x.data_ptr(), n, self.inner, self.x8.ctypes.data, self.out,
+                                         _ptr(bias), y.data_ptr(), y.stride(0), torch.get_num_threads())
+        else:
+            rc = self._gemm(self._type, x.data_ptr(), n, self.inner, self._w, self._ldw, self.out, _ptr(bias),
+                            y.data_ptr(), y.stride(0), torch.get_num_threads())
         if rc:
             raise RuntimeError(f"the {self.isa} GEMM refused {self.kind} [{self.out}, {self.inner}]")
         return y
@@ -134,8 +149,13 @@ class QuantWeight:
             if n and (index.min() < 0 or index.max() >= self.out):
                 raise IndexError(f"row ids must be in [0, {self.out})")
         y = torch.empty(n, self.inner)
-        rc = self._kernels.dequantize_rows(self._type, self._w, self._ldw, None if index is None else index.ctypes.data,
-                                           n, self.inner, y.data_ptr(), torch.get_num_threads())
+        at = None if index is None else index.ctypes.data
+        if self.x8 is not None:                          # the copy: the file's pages may have been released
+            rc = self._kernels.dequantize_rows_q8x8(self._type, self.x8.ctypes.data, self.inner, at, n, y.data_ptr(),
+                                                    torch.get_num_threads())
+        else:
+            rc = self._kernels.dequantize_rows(self._type, self._w, self._ldw, at, n, self.inner, y.data_ptr(),
+                                               torch.get_num_threads())
         if rc:
             raise RuntimeError(f"cannot dequantize {self.kind} [{self.out}, {self.inner}]")
         return y
@@ -182,9 +202,15 @@ class SideBySide:
         n = len(parts)
         self.parts, self.inner, self.out = list(parts), parts[0].inner, sum(p.out for p in parts)
         self._kernels = parts[0]._kernels
-        self._gemm_parts = self._kernels.gemm_parts_q8 if parts[0].activations == "int8" else self._kernels.gemm_parts
-        self._arrays = ((ctypes.c_int * n)(*(p._type for p in parts)), (ctypes.c_void_p * n)(*(p._w for p in parts)),
-                        (ctypes.c_int64 * n)(*(p._ldw for p in parts)), (ctypes.c_int64 * n)(*(p.out for p in parts)))
+        kinds, outs = (ctypes.c_int * n)(*(p._type for p in parts)), (ctypes.c_int64 * n)(*(p.out for p in parts))
+        if all(p.x8 is not None for p in parts):
+            self._gemm_parts = self._kernels.gemm_parts_q8x8
+            self._arrays = (kinds, (ctypes.c_void_p * n)(*(p.x8.ctypes.data for p in parts)), outs)
+        else:
+            self._gemm_parts = (self._kernels.gemm_parts_q8 if parts[0].activations == "int8"
+                                else self._kernels.gemm_parts)
+            self._arrays = (kinds, (ctypes.c_void_p * n)(*(p._w for p in parts)),
+                            (ctypes.c_int64 * n)(*(p._ldw for p in parts)), outs)
         self._args = (n, *(ctypes.addressof(a) for a in self._arrays))
 
     def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

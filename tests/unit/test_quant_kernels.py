@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from verifier_service import native
-from verifier_service.quant import INT8_KINDS, KINDS, Ops, QuantWeight, SideBySide
+from verifier_service.quant import INT8_KINDS, KINDS, X8_KINDS, Ops, QuantWeight, SideBySide
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"C kernels unavailable: {native.unavailable_reason()}")
 
@@ -295,11 +295,14 @@ def test_int8_activations_are_llama_cpp_arithmetic(gguf_weights, kind, which):
 @pytest.mark.parametrize("which", ISAS)
 def test_int8_rows_are_exact_and_the_same_on_every_path(gguf_weights, which):
     """A row's int8 result is bit-identical at every width and thread count, side by side or alone, and on
-    every ISA path (integers are exact and the fp32 steps run in one order everywhere; not checked on an
-    emulated path, whose FMAs are a product and a sum)."""
+    every ISA path and layout (integers are exact and the fp32 steps run in one order everywhere; not checked
+    across paths or layouts on an emulated path, whose vector FMAs are a product and a sum)."""
     x = torch.randn(11, INNER, generator=torch.Generator().manual_seed(6))
     for kind in INT8_KINDS:
         w, _ = int8_weight(gguf_weights, kind, which)
+        assert (w.x8 is not None) == (kind in X8_KINDS and which in native.X8_ISAS)   # 8 rows interleaved
+        ref = gguf_weights[kind][1]
+        assert torch.equal(w.rows([39, 0, 7, 7]), ref[[39, 0, 7, 7]]) and torch.equal(w.dequantize(), ref)
         full = w.matmul(x)
         if which not in EMULATED:
             assert torch.equal(full, int8_weight(gguf_weights, kind, "generic")[0].matmul(x)), kind
@@ -308,14 +311,16 @@ def test_int8_rows_are_exact_and_the_same_on_every_path(gguf_weights, which):
         torch.set_num_threads(2)
         assert torch.equal(w.matmul(x), full) and torch.equal(w.matmul(x[4:5]), full[4:5]), kind
         torch.set_num_threads(1)
-    parts = [int8_weight(gguf_weights, kind, which)[0] for kind in ("Q4_K", "Q6_K", "Q8_0", "Q4_1", "Q5_0")]
-    side = SideBySide(parts)
-    own = torch.cat([p.matmul(x) for p in parts], dim=1)
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        assert torch.equal(side.matmul(x), own)
-        assert torch.equal(side.matmul(x[6:7]), own[6:7])
-    torch.set_num_threads(1)
+    mixed = (("Q4_K", "Q6_K", "Q8_0", "Q4_1", "Q5_0"),) if which not in EMULATED else ()   # x8 and not: one call
+    for kinds in (*mixed, ("Q8_0", "Q4_1", "Q4_0")):                                        # all x8
+        parts = [int8_weight(gguf_weights, kind, which)[0] for kind in kinds]
+        side = SideBySide(parts)
+        own = torch.cat([p.matmul(x) for p in parts], dim=1)
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert torch.equal(side.matmul(x), own), kinds
+            assert torch.equal(side.matmul(x[6:7]), own[6:7]), kinds
+        torch.set_num_threads(1)
     f16, _ = int8_weight(gguf_weights, "F16", which)
     assert f16.activations == "fp32"                                    # no int8 form: the fp32 kernel
     assert not SideBySide.accepts([parts[0], f16])                     # one arithmetic per kernel call

@@ -69,3 +69,20 @@ static inline void tq_q8_quantize_row(const float *x, int64_t inner, int8_t *q, 
         s[b] = db * (float)sum;
     }
 }
+
+/* ---- 8 weight rows interleaved (the "x8" layout) ---------------------------------------------------------
+   Q4_0, Q4_1 and Q8_0 weights may also be read from a copy in which 8 weight rows are interleaved, so that
+   one 32-byte load holds 4 consecutive weights of each of 8 rows and one vector of accumulators holds
+   lane l of 8 outputs: the same integer lanes, the same FMAs and the same additions per output as above
+   (bit-identical results), with the weight decoding and the scale conversions shared by 8 rows. Group g
+   (weight rows 8g..8g+7) is nb = inner / 32 chunks of tq_q8x8_chunk_bytes(kind) bytes, chunk b:
+     d[8] (fp16, row c's block b scale), then for Q4_1 m[8] (fp16), then
+     Q4_0/Q4_1: qs[4][32]: qs[l][4c + j] = row c's qs[4l + j]  (low nibbles: weights 4l + j, high: 16 + 4l + j)
+     Q8_0:      qs[8][32]: qs[l][4c + j] = row c's qs[4l + j]
+   The same bytes as the file's blocks, reordered. */
+static inline int tq_q8x8_kind_ok(int kind) { return kind == TQ_Q4_0 || kind == TQ_Q4_1 || kind == TQ_Q8_0; }
+
+static inline int64_t tq_q8x8_chunk_bytes(int kind) {
+    return kind == TQ_Q4_0 ? 144 : kind == TQ_Q4_1 ? 160 : kind == TQ_Q8_0 ? 272 : 0;
+}
+

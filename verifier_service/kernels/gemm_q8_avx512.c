@@ -5,3 +5,7 @@
 #define TQ_GEMM_Q8_NAME tq_gemm_q8_avx512
 #define TQ_GEMM_PARTS_Q8_NAME tq_gemm_parts_q8_avx512
 #include "gemm_q8_dispatch.h"
+
+#define TQ_GEMM_Q8X8_NAME tq_gemm_q8x8_avx512
+#define TQ_GEMM_PARTS_Q8X8_NAME tq_gemm_parts_q8x8_avx512
+#include "gemm_q8x8_x86.h"

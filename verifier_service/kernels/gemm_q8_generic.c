@@ -42,3 +42,48 @@ static inline __attribute__((always_inline)) void q8_rows_times_row(int kind, in
 #define TQ_GEMM_Q8_NAME tq_gemm_q8_generic
 #define TQ_GEMM_PARTS_Q8_NAME tq_gemm_parts_q8_generic
 #include "gemm_q8_dispatch.h"
+
+/* Weight [out, inner] of kind (rows at w + o * ldw) -> the x8 layout at dst (gemm_q8.h; out / 8 groups of
+   inner / 32 chunks). Returns 0, or -1 for a kind without that layout or out not a multiple of 8. */
+int tq_pack_q8x8(int kind, const uint8_t *w, int64_t ldw, int64_t out, int64_t inner, uint8_t *dst, int threads) {
+    if (!tq_q8x8_kind_ok(kind) || out % 8 || inner % 32 || !tq_gemm_shape_ok(kind, inner)) return -1;
+    const int64_t nb = inner / 32, cb = tq_q8x8_chunk_bytes(kind), bb = tq_block_bytes(kind);
+    const int qs_at = kind == TQ_Q4_1 ? 4 : 2, lanes = kind == TQ_Q8_0 ? 8 : 4, scales = kind == TQ_Q4_1 ? 32 : 16;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t g = 0; g < out / 8; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *c8 = dst + (g * nb + b) * cb;
+            for (int c = 0; c < 8; c++) {
+                const uint8_t *blk = w + (8 * g + c) * ldw + b * bb;
+                memcpy(c8 + 2 * c, blk, 2);                                       /* d */
+                if (kind == TQ_Q4_1) memcpy(c8 + 16 + 2 * c, blk + 2, 2);       /* m */
+                for (int l = 0; l < lanes; l++) memcpy(c8 + scales + 32 * l + 4 * c, blk + qs_at + 4 * l, 4);
+            }
+        }
+    return 0;
+}
+
+/* y [n, inner] = the exact weights of rows ids[0..n-1] (ids NULL: rows 0..n-1) read from the x8 layout at p
+   (each block put back together, then quants.h's dequantizer): the x8 copy serves embedding lookups and wide
+   prefill chunks without the file's pages. Returns 0 or -1. */
+int tq_dequantize_rows_q8x8(int kind, const uint8_t *p, int64_t inner, const int64_t *ids, int64_t n, float *y,
+                            int threads) {
+    if (!tq_q8x8_kind_ok(kind) || inner % 32 || !tq_gemm_shape_ok(kind, inner)) return -1;
+    const int64_t nb = inner / 32, cb = tq_q8x8_chunk_bytes(kind);
+    const int qs_at = kind == TQ_Q4_1 ? 4 : 2, lanes = kind == TQ_Q8_0 ? 8 : 4, scales = kind == TQ_Q4_1 ? 32 : 16;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t o = ids ? ids[i] : i, g = o / 8;
+        const int c = (int)(o % 8);
+        uint8_t blk[sizeof(block_q8_0)];
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *c8 = p + (g * nb + b) * cb;
+            memcpy(blk, c8 + 2 * c, 2);
+            if (kind == TQ_Q4_1) memcpy(blk + 2, c8 + 16 + 2 * c, 2);
+            for (int l = 0; l < lanes; l++) memcpy(blk + qs_at + 4 * l, c8 + scales + 32 * l + 4 * c, 4);
+            tq_dequant_block(kind, blk, y + i * inner + 32 * b);
+        }
+    }
+    return 0;
+}
+
