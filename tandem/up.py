@@ -155,8 +155,10 @@ def start_cluster(args) -> Cluster:
     metrics = (lambda n: ["--metrics-port", str(base + n)]) if base else (lambda n: [])
     pin = (lambda cpus: ["--cpus", str(cpus)] if cpus else [])
     try:
+        activations = getattr(args, "activations", None)         # None: the verifier's own default (its env)
         cluster.spawn("verifier", ["--target", args.target, "--threads", str(args.verifier_threads),
-                                   "--activations", getattr(args, "activations", "fp32"), *pin(v_cpus), *metrics(1)], label=_label("verifier", args.target))
+                                   *(["--activations", activations] if activations else []), *pin(v_cpus),
+                                   *metrics(1)], label=_label("verifier", args.target))
         lookup_only = getattr(args, "lookup_only", False)
         if not lookup_only:
             cluster.spawn("drafter", ["--drafter", args.drafter, "--threads", str(args.drafter_threads),

@@ -46,6 +46,8 @@ def configure(p) -> None:
     flag(g, "verifier-threads", 1, int, help="torch threads of a started verifier, and of the in-process HF modes "
          "(0: torch's default, one per core; on a shared machine 2 threads on 2 busy cores ran 10-30x slower "
          "than 1)")
+    flag(g, "activations", "fp32", help="a started verifier's arithmetic on GGUF blocks: 'fp32' or 'int8' "
+         "(tandem up --activations)")
     flag(g, "drafter-threads", 1, int, help="ONNX Runtime threads of a started drafter")
     flag(g, "verifier-cpus", None, help="pin a started verifier and gateway to these CPUs, e.g. '0' (Linux)")
     flag(g, "drafter-cpus", None, help="pin a started drafter to these CPUs, e.g. '1': with --verifier-cpus, the "

@@ -36,7 +36,7 @@ def start_services(args, log_dir: Path, http_port: int = -1):
                          drafter_threads=args.drafter_threads, verifier_threads=args.verifier_threads,
                          verifier_cpus=getattr(args, "verifier_cpus", None),
                          drafter_cpus=getattr(args, "drafter_cpus", None), startup_timeout=args.startup_timeout,
-                         log_dir=str(log_dir), http_port=http_port)
+                         log_dir=str(log_dir), http_port=http_port, activations=getattr(args, "activations", None))
     cluster = start_cluster(ns)
     cluster.http_port = ns.http_port
     return cluster

@@ -103,6 +103,7 @@ def run_versus(args, prompts, run_order, settings, out_dir: Path, log=print) -> 
                              "grpc": f"127.0.0.1:{cluster.ports['gateway']}",
                              "command": f"tandem up --target {args.target} --drafter {args.drafter} "
                              f"--verifier-threads {threads} --http-port {cluster.http_port}"
+                             + (f" --activations {args.activations}" if getattr(args, "activations", None) else "")
                              + (f" --verifier-cpus {cpus}" if cpus else "")
                              + (f" --drafter-cpus {args.drafter_cpus}" if getattr(args, "drafter_cpus", None) else "")}
         results["models"] = fetch_info(f"127.0.0.1:{cluster.ports['verifier']}",
