@@ -183,6 +183,21 @@ def test_int8_activations_keep_rows_exact_and_speculation_lossless(tiny_gguf_fil
     assert out[:20] == want
 
 
+def test_int8_wide_prefill_reads_the_x8_copy(tiny_gguf_files, monkeypatch):
+    """A prefill chunk wider than the block kernels take dequantizes its weights (rows()) for torch's GEMM; with
+    int8 the Q8_0/Q4_1 weights are read back from their x8 copy (the file's pages released), the same values:
+    the chunk's logits equal the fp32 path's bit for bit."""
+    if native.library() is None:
+        pytest.skip(f"C kernels unavailable: {native.unavailable_reason()}")
+    ids = [(7 * i + 3) % 260 for i in range(45)]
+    fp32 = logits(decoder_of(tiny_gguf_files["llama"], "native"), ids)
+    monkeypatch.setenv("TANDEM_ACTIVATIONS", "int8")
+    decoder = decoder_of(tiny_gguf_files["llama"], "native")
+    x8 = [m for m in decoder.linears.modules() if getattr(getattr(m, "blocks", None), "x8", None) is not None]
+    assert x8 or native.isa() not in native.X8_ISAS
+    assert torch.equal(logits(decoder, ids), fp32)
+
+
 def test_a_failed_forward_rolls_back(tiny_gguf_files, monkeypatch):
     target = tiny_target(tiny_gguf_files["llama"])
     target.start("r", SEQ[:6], SamplingParams())
