@@ -151,6 +151,7 @@ def _declare(lib: ctypes.CDLL) -> None:
             f = getattr(lib, f"{name}_{which}")
             f.argtypes, f.restype = [ptr, i64, i64, ptr], None
     lib.tq_pack_q8x8.argtypes, lib.tq_pack_q8x8.restype = [cint, ptr, i64, i64, i64, ptr, cint], cint
+    lib.tq_q8x8_bytes.argtypes, lib.tq_q8x8_bytes.restype = [cint, i64, i64], i64
     lib.tq_dequantize_rows_q8x8.argtypes = [cint, ptr, i64, ptr, i64, ptr, cint]
     lib.tq_dequantize_rows_q8x8.restype = cint
     lib.tq_dequantize_rows.argtypes = [cint, ptr, i64, ptr, i64, i64, ptr, cint]
@@ -222,6 +223,7 @@ class Kernels:
         self.gemm_q8x8 = getattr(lib, f"tq_gemm_q8x8_{which}") if which in X8_ISAS else None
         self.gemm_parts_q8x8 = getattr(lib, f"tq_gemm_parts_q8x8_{which}") if which in X8_ISAS else None
         self.pack_q8x8 = lib.tq_pack_q8x8
+        self.q8x8_bytes = lib.tq_q8x8_bytes
         self.dequantize_rows_q8x8 = lib.tq_dequantize_rows_q8x8
         self.attention = getattr(lib, f"tq_attention_{which}")
         self.silu_mul = getattr(lib, f"tq_silu_mul_{which}")

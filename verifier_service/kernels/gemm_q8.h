@@ -79,10 +79,15 @@ static inline void tq_q8_quantize_row(const float *x, int64_t inner, int8_t *q, 
      d[8] (fp16, row c's block b scale), then for Q4_1 m[8] (fp16), then
      Q4_0/Q4_1: qs[4][32]: qs[l][4c + j] = row c's qs[4l + j]  (low nibbles: weights 4l + j, high: 16 + 4l + j)
      Q8_0:      qs[8][32]: qs[l][4c + j] = row c's qs[4l + j]
-   The same bytes as the file's blocks, reordered. */
-static inline int tq_q8x8_kind_ok(int kind) { return kind == TQ_Q4_0 || kind == TQ_Q4_1 || kind == TQ_Q8_0; }
+   Q4_K is laid out per 256-weight super-block (8 chunks, 8 x 148 bytes): d[8], dmin[8] (fp16), sc[8 chunks][8
+   rows] and m[8][8] (the 6-bit scales and mins, unpacked to bytes), then qs[4 pairs][8 lanes][32]:
+   qs[p][l][4c + j] = row c's qs[32p + 4l + j] (low nibbles: chunk 2p's weights 4l + j, high: chunk 2p + 1's).
+   The same bytes as the file's blocks, reordered (Q4_K: its scales unpacked, 32 bytes more a group). */
+static inline int tq_q8x8_kind_ok(int kind) {
+    return kind == TQ_Q4_0 || kind == TQ_Q4_1 || kind == TQ_Q8_0 || kind == TQ_Q4_K;
+}
 
 static inline int64_t tq_q8x8_chunk_bytes(int kind) {
-    return kind == TQ_Q4_0 ? 144 : kind == TQ_Q4_1 ? 160 : kind == TQ_Q8_0 ? 272 : 0;
+    return kind == TQ_Q4_0 ? 144 : kind == TQ_Q4_1 ? 160 : kind == TQ_Q8_0 ? 272 : kind == TQ_Q4_K ? 148 : 0;
 }
 

@@ -43,12 +43,36 @@ static inline __attribute__((always_inline)) void q8_rows_times_row(int kind, in
 #define TQ_GEMM_PARTS_Q8_NAME tq_gemm_parts_q8_generic
 #include "gemm_q8_dispatch.h"
 
+/* Bytes of the x8 layout of a weight [out, inner] of kind (0: none). */
+int64_t tq_q8x8_bytes(int kind, int64_t out, int64_t inner) {
+    return tq_q8x8_kind_ok(kind) && out % 8 == 0 && tq_gemm_shape_ok(kind, inner) && inner % 32 == 0
+               ? out / 8 * (inner / 32) * tq_q8x8_chunk_bytes(kind) : 0;
+}
+
 /* Weight [out, inner] of kind (rows at w + o * ldw) -> the x8 layout at dst (gemm_q8.h; out / 8 groups of
    inner / 32 chunks). Returns 0, or -1 for a kind without that layout or out not a multiple of 8. */
 int tq_pack_q8x8(int kind, const uint8_t *w, int64_t ldw, int64_t out, int64_t inner, uint8_t *dst, int threads) {
     if (!tq_q8x8_kind_ok(kind) || out % 8 || inner % 32 || !tq_gemm_shape_ok(kind, inner)) return -1;
     const int64_t nb = inner / 32, cb = tq_q8x8_chunk_bytes(kind), bb = tq_block_bytes(kind);
     const int qs_at = kind == TQ_Q4_1 ? 4 : 2, lanes = kind == TQ_Q8_0 ? 8 : 4, scales = kind == TQ_Q4_1 ? 32 : 16;
+    if (kind == TQ_Q4_K) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t g = 0; g < out / 8; g++)
+            for (int64_t b = 0; b < inner / QK_K; b++) {
+                uint8_t *s8 = dst + (g * nb + 8 * b) * cb;                 /* super-block b of group g */
+                for (int c = 0; c < 8; c++) {
+                    const uint8_t *blk = w + (8 * g + c) * ldw + b * bb;
+                    memcpy(s8 + 2 * c, blk, 2);
+                    memcpy(s8 + 16 + 2 * c, blk + 2, 2);
+                    for (int k = 0; k < 8; k++)
+                        tq_scale_min_k4(k, blk + offsetof(block_q4_K, scales), s8 + 32 + 8 * k + c, s8 + 96 + 8 * k + c);
+                    for (int p = 0; p < 4; p++)
+                        for (int l = 0; l < 8; l++)
+                            memcpy(s8 + 160 + 32 * (8 * p + l) + 4 * c, blk + offsetof(block_q4_K, qs) + 32 * p + 4 * l, 4);
+                }
+            }
+        return 0;
+    }
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t g = 0; g < out / 8; g++)
         for (int64_t b = 0; b < nb; b++) {
@@ -75,6 +99,22 @@ int tq_dequantize_rows_q8x8(int kind, const uint8_t *p, int64_t inner, const int
     for (int64_t i = 0; i < n; i++) {
         const int64_t o = ids ? ids[i] : i, g = o / 8;
         const int c = (int)(o % 8);
+        if (kind == TQ_Q4_K) {                 /* quants.h's formula, from the unpacked scales and mins */
+            for (int64_t b = 0; b < inner / QK_K; b++) {
+                const uint8_t *s8 = p + (g * nb + 8 * b) * cb;
+                const float d = tq_half_to_float(tq_u16(s8 + 2 * c)), dmin = tq_half_to_float(tq_u16(s8 + 16 + 2 * c));
+                float *yb = y + i * inner + QK_K * b;
+                for (int k = 0; k < 8; k++) {
+                    const float dsc = d * (float)s8[32 + 8 * k + c], dm = dmin * (float)s8[96 + 8 * k + c];
+                    for (int l = 0; l < 8; l++)
+                        for (int j = 0; j < 4; j++) {
+                            const uint8_t byte = s8[160 + 32 * (8 * (k / 2) + l) + 4 * c + j];
+                            yb[32 * k + 4 * l + j] = dsc * (float)((byte >> (4 * (k % 2))) & 0x0F) - dm;
+                        }
+                }
+            }
+            continue;
+        }
         uint8_t blk[sizeof(block_q8_0)];
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *c8 = p + (g * nb + b) * cb;

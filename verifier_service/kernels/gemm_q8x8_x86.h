@@ -1,5 +1,5 @@
-/* The int8-activation GEMM on the x8 layout (gemm_q8.h: 8 weight rows interleaved) for Q4_0, Q4_1 and
-   Q8_0, x86 paths. Per 32-weight chunk: one conversion gives the 8 rows' scales, and per lane l one
+/* The int8-activation GEMM on the x8 layout (gemm_q8.h: 8 weight rows interleaved) for Q4_0, Q4_1, Q8_0
+   and Q4_K, x86 paths. Per 32-weight chunk: one conversion gives the 8 rows' scales, and per lane l one
    32-byte load gives weights 4l..4l+3 of the 8 rows; x's 4 bytes 4l..4l+3 are broadcast to every lane, so
    vpmaddubsw + vpmaddwd give lane l's exact integer sum for the 8 rows at once, and accumulator A[l]
    holds lane l of 8 outputs. The per-output operations are gemm_q8.h's, in its order, so each y[r, o]
@@ -9,10 +9,51 @@
    Included after gemm_q8_dispatch.h (for q8_quantize) by gemm_q8_<x86 isa>.c, which names the entry
    points TQ_GEMM_Q8X8_NAME and TQ_GEMM_PARTS_Q8X8_NAME. */
 
+/* Q4_K: row r against group g, per super-block: the 8 rows' d * sc and -(dmin * m) of each chunk from the
+   unpacked bytes (the products quants.h's tq_k4_decode makes), then chunk pairs from one byte array. */
+static inline __attribute__((always_inline)) void q8x8_q4_k_row(const int8_t *xq, const float *xd, const float *xs,
+                                                                int64_t inner, const uint8_t *p, float *acc_out) {
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    __m256 A[8], MS = _mm256_setzero_ps();
+    for (int l = 0; l < 8; l++) A[l] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < inner / QK_K; b++) {
+        const uint8_t *s8 = p + b * 8 * 148;
+        const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s8));
+        const __m256 DM = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s8 + 16)));
+        for (int k = 0; k < 8; k++) {                    /* the offsets, in chunk order */
+            const __m256 m = _mm256_mul_ps(DM, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s8 + 96 + 8 * k)))));
+            MS = _mm256_fmadd_ps(_mm256_xor_ps(m, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(xs[8 * b + k]), MS);
+        }
+        for (int pr = 0; pr < 4; pr++) {
+            const int64_t x0 = 8 * b + 2 * pr, x1 = x0 + 1;          /* x blocks under chunks 2pr, 2pr + 1 */
+            const __m256 S0 = _mm256_mul_ps(_mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                  _mm_loadl_epi64((const __m128i *)(s8 + 32 + 8 * (2 * pr)))))), _mm256_set1_ps(xd[x0]));
+            const __m256 S1 = _mm256_mul_ps(_mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                  _mm_loadl_epi64((const __m128i *)(s8 + 32 + 8 * (2 * pr + 1)))))), _mm256_set1_ps(xd[x1]));
+            const int32_t *xa = (const int32_t *)(xq + 32 * x0), *xb = (const int32_t *)(xq + 32 * x1);
+            for (int l = 0; l < 8; l++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(s8 + 160 + 32 * (8 * pr + l)));
+                const __m256i lo = _mm256_and_si256(q, nib), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
+                A[l] = _mm256_fmadd_ps(S0, Q8_LANES(lo, 0, _mm256_set1_epi32(xa[l])), A[l]);
+                A[l] = _mm256_fmadd_ps(S1, Q8_LANES(hi, 0, _mm256_set1_epi32(xb[l])), A[l]);
+            }
+        }
+    }
+    const __m256 T = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A[0], A[4]), _mm256_add_ps(A[2], A[6])),
+                                   _mm256_add_ps(_mm256_add_ps(A[1], A[5]), _mm256_add_ps(A[3], A[7])));
+    _mm256_storeu_ps(acc_out, _mm256_add_ps(T, MS));
+}
+
 /* Row r of the rounded x against group g (8 weight rows; p: the group's first byte): y[r, o..o+7]. */
 static inline __attribute__((always_inline)) void q8x8_group_row(int kind, const int8_t *xq, const float *xd,
                                                                  const float *xs, int64_t inner, const uint8_t *p,
                                                                  const float *bias, float *y) {
+    if (kind == TQ_Q4_K) {
+        float t[8];
+        q8x8_q4_k_row(xq, xd, xs, inner, p, t);
+        _mm256_storeu_ps(y, _mm256_add_ps(_mm256_loadu_ps(t), bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps()));
+        return;
+    }
     const int64_t nb = inner / 32, cb = tq_q8x8_chunk_bytes(kind);
     const int sgn = kind != TQ_Q4_1, lanes = kind == TQ_Q8_0 ? 8 : 4, qs_at = kind == TQ_Q4_1 ? 32 : 16;
     const __m256i nib = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
@@ -53,13 +94,13 @@ static inline __attribute__((always_inline)) void q8x8_group_row(int kind, const
         for (int64_t r = 0; r < n; r++)                                                                         \
             q8x8_group_row(KIND, xr->q + r * inner, xr->d + r * nb, xr->s + r * nb, inner, p, bias, y + r * ldy);\
     }
-Q8X8_GROUP_FN(TQ_Q4_0) Q8X8_GROUP_FN(TQ_Q4_1) Q8X8_GROUP_FN(TQ_Q8_0)
+Q8X8_GROUP_FN(TQ_Q4_0) Q8X8_GROUP_FN(TQ_Q4_1) Q8X8_GROUP_FN(TQ_Q8_0) Q8X8_GROUP_FN(TQ_Q4_K)
 
 typedef void (*q8x8_group_fn)(const q8_rows *, int64_t, int64_t, const uint8_t *, const float *, float *, int64_t);
 
 static q8x8_group_fn q8x8_group_of(int kind) {
     return kind == TQ_Q4_0 ? q8x8_group_TQ_Q4_0 : kind == TQ_Q4_1 ? q8x8_group_TQ_Q4_1
-         : kind == TQ_Q8_0 ? q8x8_group_TQ_Q8_0 : 0;
+         : kind == TQ_Q8_0 ? q8x8_group_TQ_Q8_0 : kind == TQ_Q4_K ? q8x8_group_TQ_Q4_K : 0;
 }
 
 /* y = x W^T (+ bias) with W [out, inner] in the x8 layout at p (out a multiple of 8). 0, or -1. */
