@@ -133,9 +133,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         gemm = getattr(lib, f"tq_gemm_{which}")
         gemm.argtypes = [cint, ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, cint]
         gemm.restype = cint
-        for name in ("tq_gemm_q8",):
-            f = getattr(lib, f"{name}_{which}")
-            f.argtypes, f.restype = gemm.argtypes, cint
+        q8 = getattr(lib, f"tq_gemm_q8_{which}")
+        q8.argtypes, q8.restype = gemm.argtypes, cint
         for name in ("tq_gemm_parts", "tq_gemm_parts_q8"):
             f = getattr(lib, f"{name}_{which}")
             f.argtypes, f.restype = [cint, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, cint], cint

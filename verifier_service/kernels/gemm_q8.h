@@ -32,15 +32,6 @@
 
 #include "quants.h"
 
-static inline int tq_q8_kind_ok(int kind) {
-    switch (kind) {
-    case TQ_Q4_0: case TQ_Q4_1: case TQ_Q5_0: case TQ_Q5_1: case TQ_Q8_0: case TQ_Q4_K: case TQ_Q5_K: case TQ_Q6_K:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
 /* Kinds whose weights carry an offset (m above): the others add no msum term at all. */
 static inline int tq_q8_has_offset(int kind) {
     return kind == TQ_Q4_1 || kind == TQ_Q5_1 || kind == TQ_Q4_K || kind == TQ_Q5_K;
@@ -90,4 +81,8 @@ static inline int tq_q8x8_kind_ok(int kind) {
 static inline int64_t tq_q8x8_chunk_bytes(int kind) {
     return kind == TQ_Q4_0 ? 144 : kind == TQ_Q4_1 ? 160 : kind == TQ_Q8_0 ? 272 : kind == TQ_Q4_K ? 148 : 0;
 }
+
+/* Q4_0/Q4_1/Q8_0 x8 chunks: where qs starts (after d[8], and m[8] for Q4_1), and its 32-byte lane rows. */
+static inline int tq_q8x8_qs_offset(int kind) { return kind == TQ_Q4_1 ? 32 : 16; }
+static inline int tq_q8x8_lanes(int kind) { return kind == TQ_Q8_0 ? 8 : 4; }
 

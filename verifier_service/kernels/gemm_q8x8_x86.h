@@ -9,15 +9,21 @@
    Included after gemm_q8_dispatch.h (for q8_quantize) by gemm_q8_<x86 isa>.c, which names the entry
    points TQ_GEMM_Q8X8_NAME and TQ_GEMM_PARTS_Q8X8_NAME. */
 
+/* gemm_q8.h's sum of the lanes, for 8 outputs at once: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) + msum. */
+static inline __m256 q8x8_total(const __m256 *A, __m256 MS) {
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A[0], A[4]), _mm256_add_ps(A[2], A[6])),
+                                       _mm256_add_ps(_mm256_add_ps(A[1], A[5]), _mm256_add_ps(A[3], A[7]))), MS);
+}
+
 /* Q4_K: row r against group g, per super-block: the 8 rows' d * sc and -(dmin * m) of each chunk from the
    unpacked bytes (the products quants.h's tq_k4_decode makes), then chunk pairs from one byte array. */
-static inline __attribute__((always_inline)) void q8x8_q4_k_row(const int8_t *xq, const float *xd, const float *xs,
-                                                                int64_t inner, const uint8_t *p, float *acc_out) {
+static inline __attribute__((always_inline)) __m256 q8x8_q4_k_row(const int8_t *xq, const float *xd, const float *xs,
+                                                                  int64_t inner, const uint8_t *p) {
     const __m256i nib = _mm256_set1_epi8(0x0F);
     __m256 A[8], MS = _mm256_setzero_ps();
     for (int l = 0; l < 8; l++) A[l] = _mm256_setzero_ps();
     for (int64_t b = 0; b < inner / QK_K; b++) {
-        const uint8_t *s8 = p + b * 8 * 148;
+        const uint8_t *s8 = p + b * 8 * tq_q8x8_chunk_bytes(TQ_Q4_K);
         const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s8));
         const __m256 DM = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s8 + 16)));
         for (int k = 0; k < 8; k++) {                    /* the offsets, in chunk order */
@@ -39,23 +45,20 @@ static inline __attribute__((always_inline)) void q8x8_q4_k_row(const int8_t *xq
             }
         }
     }
-    const __m256 T = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A[0], A[4]), _mm256_add_ps(A[2], A[6])),
-                                   _mm256_add_ps(_mm256_add_ps(A[1], A[5]), _mm256_add_ps(A[3], A[7])));
-    _mm256_storeu_ps(acc_out, _mm256_add_ps(T, MS));
+    return q8x8_total(A, MS);
 }
 
 /* Row r of the rounded x against group g (8 weight rows; p: the group's first byte): y[r, o..o+7]. */
 static inline __attribute__((always_inline)) void q8x8_group_row(int kind, const int8_t *xq, const float *xd,
                                                                  const float *xs, int64_t inner, const uint8_t *p,
                                                                  const float *bias, float *y) {
+    const __m256 b8 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
     if (kind == TQ_Q4_K) {
-        float t[8];
-        q8x8_q4_k_row(xq, xd, xs, inner, p, t);
-        _mm256_storeu_ps(y, _mm256_add_ps(_mm256_loadu_ps(t), bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps()));
+        _mm256_storeu_ps(y, _mm256_add_ps(q8x8_q4_k_row(xq, xd, xs, inner, p), b8));
         return;
     }
     const int64_t nb = inner / 32, cb = tq_q8x8_chunk_bytes(kind);
-    const int sgn = kind != TQ_Q4_1, lanes = kind == TQ_Q8_0 ? 8 : 4, qs_at = kind == TQ_Q4_1 ? 32 : 16;
+    const int sgn = kind != TQ_Q4_1, lanes = tq_q8x8_lanes(kind), qs_at = tq_q8x8_qs_offset(kind);
     const __m256i nib = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
     __m256 A[8], MS = _mm256_setzero_ps();
     for (int l = 0; l < 8; l++) A[l] = _mm256_setzero_ps();
@@ -80,10 +83,7 @@ static inline __attribute__((always_inline)) void q8x8_group_row(int kind, const
             A[l + 4] = _mm256_fmadd_ps(S, Q8_LANES(hi, sgn, _mm256_set1_epi32(x4[l + 4])), A[l + 4]);
         }
     }
-    const __m256 T = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A[0], A[4]), _mm256_add_ps(A[2], A[6])),
-                                   _mm256_add_ps(_mm256_add_ps(A[1], A[5]), _mm256_add_ps(A[3], A[7])));
-    const __m256 out = _mm256_add_ps(_mm256_add_ps(T, MS), bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps());
-    _mm256_storeu_ps(y, out);
+    _mm256_storeu_ps(y, _mm256_add_ps(q8x8_total(A, MS), b8));
 }
 
 #define Q8X8_GROUP_FN(KIND)                                                                                     \
