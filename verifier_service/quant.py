@@ -15,8 +15,8 @@ Both use the ISA ``native.isa()`` picks (``TANDEM_ISA`` / ``--isa`` forces one),
 Activations (``TANDEM_ACTIVATIONS`` / the verifier's ``--activations``, or ``activations=``): 'fp32' (default:
 the rebuilt weights times x in fp32, agreeing with transformers' forward of the file to fp32 rounding) or
 'int8': x rounded to int8 per 32 values and multiplied in integers, llama.cpp's arithmetic for quantized
-weights (kernels/gemm_q8.h; ~1.2x faster GEMMs on AVX2, results differ from fp32 by ~0.5 % of a dot
-product). Kinds without an int8 form (F32, F16, BF16) stay fp32. Rows are exact either way, so plain steps
+weights (kernels/gemm_q8.h; the forward 20-40 % faster on Zen 3; each value of x moves by up to half a
+rounding step). Kinds without an int8 form (F32, F16, BF16) stay fp32. Rows are exact either way, so plain steps
 and verify blocks agree bit for bit whichever is chosen. On x86, int8 Q4_0/Q4_1/Q8_0/Q4_K weights are also copied
 once into the x8 layout (8 weight rows interleaved, ``QuantWeight.x8``), which computes the same bits with
 less work per weight; ``rows()`` reads it too, so a GGUF target's loader releases the file's pages

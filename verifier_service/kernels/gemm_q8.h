@@ -2,8 +2,9 @@
    blocks of 32 values, and each 32-weight chunk of a quantized weight row is multiplied by the block of x
    under it in integers. This is how llama.cpp computes every quantized matmul (its q8_0/q8_1 activations):
    an int8 multiply-add does 32 weights in one instruction where the fp32 path rebuilds and converts them
-   first, so the decoder's GEMMs run about twice as fast on AVX2. The results differ from the fp32 path (and
-   from transformers' fp32 forward of the same file) by the activation rounding, ~0.5 % of a dot product;
+   first (all linears of the default target, Zen 3: 1.17-1.28x faster; BENCHMARKS.md). The results differ from
+   the fp32 path (and from transformers' fp32 forward of the same file) by the activation rounding (each value
+   of x moves by up to half a step of d_b below);
    the verifier uses one arithmetic for plain steps and verify blocks alike, so speculative output stays the
    target's own token for token.
 
@@ -62,7 +63,7 @@ static inline void tq_q8_quantize_row(const float *x, int64_t inner, int8_t *q, 
 }
 
 /* ---- 8 weight rows interleaved (the "x8" layout) ---------------------------------------------------------
-   Q4_0, Q4_1 and Q8_0 weights may also be read from a copy in which 8 weight rows are interleaved, so that
+   Q4_0, Q4_1, Q8_0 and Q4_K weights may also be read from a copy in which 8 weight rows are interleaved, so that
    one 32-byte load holds 4 consecutive weights of each of 8 rows and one vector of accumulators holds
    lane l of 8 outputs: the same integer lanes, the same FMAs and the same additions per output as above
    (bit-identical results), with the weight decoding and the scale conversions shared by 8 rows. Group g
