@@ -45,6 +45,7 @@ from torch import nn
 from verifier_service import fast_linear
 from verifier_service.architecture import DecoderSpec
 from verifier_service.kv_cache import StaticKVCache
+from verifier_service.native_layers import NativeLayers
 from verifier_service.ops import TorchOps, rope_inv_freq, rope_tables
 from verifier_service.weights import WIDE_ROWS, DenseWeight, Weight
 
@@ -126,6 +127,11 @@ class RopeTables:
         self._tables = [rope_tables(self.frequencies(g), positions) for g in range(len(self.groups))]
         self._have = upto
 
+    @property
+    def tables(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) [positions, head_dim] contiguous, per group."""
+        return self._tables
+
     def __call__(self, layer: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self._tables[self.group_of[layer]]
         return cos[start:start + n], sin[start:start + n]
@@ -135,9 +141,11 @@ class Decoder:
     """``Decoder(spec, weights, ops)``: ``forward(cache, ids, last_only)`` -> logits; ``new_cache()``."""
 
     def __init__(self, spec: DecoderSpec, weights: DecoderWeights, ops: TorchOps, *, exact_rows: bool = True,
-                 gemm: str = "auto", widths: Sequence[int] = range(1, 10), rope: RopeTables | None = None):
+                 gemm: str = "auto", widths: Sequence[int] = range(1, 10), rope: RopeTables | None = None,
+                 native_layers: bool = True):
         """``gemm``: the kernels for the dense (fp32) weights, as ``fast_linear.configure`` takes it ("auto"
-        measures oneDNN against MKL; block weights always run their C kernel)."""
+        measures oneDNN against MKL; block weights always run their C kernel). ``native_layers``: run the
+        layer loop as one C call where the model allows (``native_layers.NativeLayers``; same bits)."""
         self.spec, self.weights, self.ops = spec, weights, ops
         self.exact_rows = bool(exact_rows)
         self.rope = rope or RopeTables(spec)
@@ -149,6 +157,9 @@ class Decoder:
                                else ", fp32 activations")
         if any(isinstance(m, (nn.Linear, fast_linear.FastLinear)) for m in self.linears.modules()):
             self.gemm, self.gemm_note, self.gemm_choice = fast_linear.configure(self.linears, gemm, widths)
+        self.native_layers, self.native_layers_note = None, "off (native_layers=False)"
+        if native_layers:
+            self.native_layers, self.native_layers_note = NativeLayers.build(spec, weights, ops, self.rope)
 
     @functools.cached_property
     def batching_note(self) -> str:
@@ -233,6 +244,20 @@ class Decoder:
             x = x * torch.tensor(s.embed_scale, dtype=torch.float32)
         x = x.contiguous()
         h = torch.empty_like(x)
+        if self.native_layers is not None and row <= WIDE_ROWS and all(a == ops.attend_rows for *_, a in segments):
+            self.native_layers.run([seg[:4] for seg in segments], x, h, self.rope)   # the loop below, in C
+        else:
+            self._layers(segments, x, h)
+        for cache, start, _, n, _ in segments:
+            cache.length = start + n
+        if last_only:
+            return [w.head.matmul(h[-1:])]
+        logits = w.head.matmul(h)
+        return [logits[first:first + n] for _, _, first, n, _ in segments]
+
+    def _layers(self, segments, x: torch.Tensor, h: torch.Tensor) -> None:
+        """Every layer over the rows of ``segments``: x (the residual stream) in place, h = its final norm."""
+        s, w, ops = self.spec, self.weights, self.ops
         ops.add_rms_norm(x, None, w.layers[0].attn_norm, s.norm_eps, h)
         for i, layer in enumerate(w.layers):
             qkv = layer.qkv.matmul(h)                                               # [rows, (H + 2 KV) D]
@@ -253,12 +278,6 @@ class Decoder:
                 down = ops.rms_norm(down, layer.post_ffn_norm, s.norm_eps)
             following = w.layers[i + 1].attn_norm if i + 1 < len(w.layers) else w.final_norm
             ops.add_rms_norm(x, down, following, s.norm_eps, h)                     # x += down; h = norm(x)
-        for cache, start, _, n, _ in segments:
-            cache.length = start + n
-        if last_only:
-            return [w.head.matmul(h[-1:])]
-        logits = w.head.matmul(h)
-        return [logits[first:first + n] for _, _, first, n, _ in segments]
 
     def time_linears(self, widths: Sequence[int], repeats: int = 3) -> dict[int, float]:
         """Median ms of all linears at each width (random inputs)."""

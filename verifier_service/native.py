@@ -38,7 +38,7 @@ import torch
 KERNELS = Path(__file__).with_name("kernels")
 ISAS = ("avx512", "avx2", "generic")
 ENV = "TANDEM_ISA"
-SOURCES = {"generic": ("gemm_generic.c", "gemm_q8_generic.c", "ops_generic.c"),
+SOURCES = {"generic": ("gemm_generic.c", "gemm_q8_generic.c", "ops_generic.c", "decoder_layers.c"),
            "avx2": ("gemm_avx2.c", "gemm_q8_avx2.c", "ops_avx2.c"),
            "avx512": ("gemm_avx512.c", "gemm_q8_avx512.c", "ops_avx512.c")}
 ISA_CFLAGS = {"generic": (), "avx2": ("-mavx2", "-mfma", "-mf16c"),
@@ -160,6 +160,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tq_rope_store.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, cint]
     for f in (lib.tq_add_rms_norm, lib.tq_head_rms_norm, lib.tq_rope_store):
         f.restype = None
+    lib.tq_decoder_layers.argtypes = [ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, cint]
+    lib.tq_decoder_layers.restype = cint
 
 
 @functools.cache
@@ -231,6 +233,7 @@ class Kernels:
         self.head_rms_norm = lib.tq_head_rms_norm
         self.dequantize_rows = lib.tq_dequantize_rows
         self._rope_store = lib.tq_rope_store
+        self.decoder_layers = lib.tq_decoder_layers     # the layer loop in one call: kernels/decoder_layers.c
 
     def row_attention(self, q, q_row, n, heads, kv_heads, d, k, v, cap, start, scale, out, threads, window=0):
         """``attention`` with the window last (0: every earlier key)."""
