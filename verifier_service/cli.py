@@ -48,6 +48,12 @@ def configure(p) -> None:
     flag(p, "batch-wait-ms", -1.0, float, help="how long a verify forward may wait for sessions of the previous one "
          "to send their next block, so that they share it; it goes as soon as all are back (-1: a quarter of the "
          "last verify forward's time; 0: never wait, whoever is waiting goes)")
+    flag(p, "ahead-rows", "auto", help="'on': while a session's reply crosses the wire and its next block is "
+         "prepared, compute the row that block starts with (the pending token: the last token emitted), so a plain "
+         "step needs no forward when it arrives and a draft block only its drafted rows (exact rows only: the row "
+         "is bit-identical either way). It pays where that forward runs on otherwise idle cores, and costs where "
+         "it competes with the gateway for them. 'auto' (default): on when --threads leaves a CPU of this process "
+         "free; 'off': every block's rows in its own forward")
     flag(p, "omp-spincount", DEFAULT_SPINCOUNT, int, help="how long an idle OpenMP worker busy-waits for the next "
          "parallel region before it sleeps (GOMP_SPINCOUNT, iterations; a forward runs ~250 regions a few us apart). "
          "Short by default: after a forward the workers leave the cores at once to the gRPC threads, the gateway "
@@ -59,6 +65,28 @@ def configure(p) -> None:
 
 
 DEFAULT_SPINCOUNT = 10_000
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def ahead_rows(choice: str, threads: int, cpus: int) -> tuple[bool, str]:
+    """``--ahead-rows``: (on, what the start-up line says). 'auto' is on when the forward's threads leave a CPU
+    free: the row computed ahead then overlaps the wire and the gateway instead of competing with them (AMD
+    EPYC, 2 CPUs, BENCHMARKS.md: 1 thread, plain 0.98x -> 1.20x llama-bench; 2 threads, slower)."""
+    choice = (choice or "auto").strip().lower()
+    if choice not in ("auto", "on", "off"):
+        raise ValueError(f"--ahead-rows is 'auto', 'on' or 'off', not {choice!r}")
+    if choice != "auto":
+        return choice == "on", f"{choice} (--ahead-rows {choice})"
+    if threads < cpus:
+        return True, f"on (auto: {threads} of {cpus} CPUs for the forward, the rest free)"
+    return False, f"off (auto: the forward's {threads} threads use all {cpus} CPUs; --ahead-rows on to force)"
 
 
 def openmp_environment(spin_count: int, environ=os.environ) -> str:
@@ -105,6 +133,7 @@ async def load_target(args):
         torch_thread.run(torch.set_num_threads, args.threads)
     if args.exact_rows not in ("on", "off"):
         raise ValueError(f"--exact-rows is 'on' or 'off', not {args.exact_rows!r}")
+    ahead, ahead_why = ahead_rows(args.ahead_rows, torch_thread.run(torch.get_num_threads), usable_cpus())
     from verifier_service import native
 
     os.environ[native.ENV] = args.isa           # the kernels read it; checked now, before the model loads
@@ -117,8 +146,11 @@ async def load_target(args):
                                      max_block=args.max_block, gemm=args.gemm, prefill_chunk=args.prefill_chunk,
                                      warmup=not args.no_warmup, decoder=args.decoder,
                                      rowwise_attention=None if args.exact_rows == "on" else False,
-                                     max_batch_rows=args.max_batch_rows, batch_wait_ms=args.batch_wait_ms)
-    print(f"[tandem] verifier: {target.startup_line()}; ms per forward width "
+                                     max_batch_rows=args.max_batch_rows, batch_wait_ms=args.batch_wait_ms,
+                                     ahead_rows=ahead)
+    if ahead and not target.ahead_rows:
+        ahead_why = "off (this path's rows are not exact)"
+    print(f"[tandem] verifier: {target.startup_line()}; pending rows ahead {ahead_why}; ms per forward width "
           + ", ".join(f"{w}: {ms:.1f}" for w, ms in sorted(target.cost_table().items())), file=sys.stderr, flush=True)
     return target
 

@@ -85,6 +85,9 @@ class TargetSession:
         self.generator = generator
         self.max_block = max_block          # the longest draft block this session may send
         self.in_flight = 0                  # rows of a verify block in the cache, not yet accepted or dropped
+        self.ahead: torch.Tensor | None = None   # logits [1, V] of the pending token's row, computed ahead of
+                                                 # the next block (its K/V in the cache, counted in in_flight)
+        self.ahead_failed = False           # that forward failed: not tried again before the next round
         self.vtime: float | None = None     # set by the scheduler when the session's first work is queued
 
     @property
@@ -101,6 +104,7 @@ class TargetSession:
         if keep < cached:
             self.cache.crop(keep - cached)          # DynamicCache.crop(-n) removes the last n
         self.in_flight = 0
+        self.ahead = None
 
     def kv_bytes(self) -> int:
         if self.cache is None:

@@ -32,6 +32,15 @@ through the gateway's round and the wire), and without the hold the first one ba
 own while the others queue behind it, so the batch splits in two for good. A quarter bounds the time a batch
 can lose waiting for a session that does not come back; it ends as soon as every expected session is back.
 
+The pending row ahead: a session's next block always starts with its pending token (the last token it
+emitted), known as soon as its round is settled. Where the runner allows it (``wants_ahead``: exact rows,
+so a block's row is the same computed alone), the sessions expected back get that row computed while
+their reply crosses the wire and the gateway prepares the next round: a forward of those rows runs when
+the scheduler would otherwise wait (or joins the next verify batch). A plain step that then arrives needs
+no forward at all; a draft block needs only its drafted rows. Nothing is ever computed twice: the row is
+the first row of whatever block comes next, and only a session that ends without another round leaves
+one unused.
+
 Nothing here knows about models: the ``Runner`` runs a batch or a chunk and says how it went.
 """
 
@@ -77,7 +86,8 @@ class VerifyWork(Work):
 
     @property
     def rows(self) -> int:
-        return len(self.draft) + 1
+        """Rows this block adds to a forward: its drafts, and its pending token unless computed ahead."""
+        return len(self.draft) + (0 if getattr(self.session, "ahead", None) is not None else 1)
 
 
 @dataclass(eq=False)
@@ -104,8 +114,14 @@ class Forward:
 class Runner:
     """What the scheduler needs from the target."""
 
-    def run_verify(self, batch: list[VerifyWork]) -> None:
-        """One forward over every item's rows, then each item's acceptance; completes every future."""
+    def run_verify(self, batch: list[VerifyWork], ahead: Sequence = ()) -> None:
+        """One forward over every item's rows (and the pending row of each session of ``ahead``), then each
+        item's acceptance; completes every future."""
+
+    def wants_ahead(self, session) -> bool:
+        """True when ``session``'s pending row may be computed ahead of its next block (see the module
+        docstring): False by default."""
+        return False
 
     def run_prefill(self, work: PrefillWork, chunk: int) -> None:
         """The next chunk of ``work`` (at most ``chunk`` tokens, advancing ``work.done``); completes the future
@@ -178,23 +194,33 @@ class Scheduler:
 
     # ---- choosing ------------------------------------------------------------------------------------
     def _decide(self, now: float) -> tuple[str | None, object, float | None]:
-        """(what, work, wait): ("verify", batch, None), ("prefill", work, None), (None, None, seconds to wait
-        for a session expected back), or (None, None, None): nothing to do. Called with the lock held."""
+        """(what, work, wait): ("verify", (batch, ahead sessions), None), ("prefill", work, None), (None, None,
+        seconds to wait for a session expected back), or (None, None, None): nothing to do. Called with the
+        lock held."""
         self._expected = {s: until for s, until in self._expected.items() if until > now}
         prefill = min(self._prefill, key=lambda w: w.session.vtime) if self._prefill else None
         verify_low = min((w.session.vtime for w in self._verify), default=float("inf"))
         expected_low = min((s.vtime for s in self._expected), default=float("inf"))
         if prefill is not None and prefill.session.vtime < min(verify_low, expected_low):
             return "prefill", prefill, None
+        ahead = [s for s in self._expected if self.runner.wants_ahead(s)]
         if self._verify:
             wait_s = self.batch_wait_s if self.batch_wait_s is not None else BATCH_WAIT_SHARE * self._last_verify_s
             gather_until = self._last_forward_end + wait_s
-            if self._expected and now < gather_until and self._room_for_expected():
+            if not ahead and self._expected and now < gather_until and self._room_for_expected():
                 return None, None, gather_until - now
-            return "verify", self._take_batch(), None
+            batch = self._take_batch()
+            return "verify", (batch, self._fit_ahead(ahead, sum(w.rows for w in batch), len(batch))), None
+        if ahead:                             # instead of waiting: the rows the sessions' next blocks start with
+            return "verify", ([], self._fit_ahead(ahead, 0, 0)), None
         if prefill is not None:               # a session ahead of it in the share is expected back
             return None, None, min(self._expected.values()) - now
         return None, None, None
+
+    def _fit_ahead(self, sessions: list, rows: int, count: int) -> list:
+        """The sessions whose pending rows fit beside a batch of ``rows`` rows of ``count`` sessions."""
+        room = min(self.max_batch_rows - rows, self.max_batch_sessions - count)
+        return sessions[:max(0, room)]
 
     def _room_for_expected(self) -> bool:
         rows = sum(w.rows for w in self._verify)
@@ -227,8 +253,9 @@ class Scheduler:
                     self._scheduled = False
                     return
                 self._cond.wait(max(wait, 1e-4))
-            items = work if what == "verify" else [work]
-            self._vclock = max(self._vclock, min(w.session.vtime for w in items))
+            items = work[0] if what == "verify" else [work]
+            if items:
+                self._vclock = max(self._vclock, min(w.session.vtime for w in items))
         try:
             report = self._run(what, work)
         except BaseException as exc:          # a bug in the runner: its callers hear of it, the others go on
@@ -240,7 +267,7 @@ class Scheduler:
             if what == "prefill" and (work.future.done()) and work in self._prefill:
                 self._prefill.remove(work)
             self._last_forward_end = self.clock()
-            if self._verify or self._prefill:
+            if self._verify or self._prefill or any(self.runner.wants_ahead(s) for s in self._expected):
                 torch_thread.submit(self._step)
             else:
                 self._scheduled = False
@@ -258,28 +285,39 @@ class Scheduler:
     def _run(self, what: str, work) -> Forward:
         t0 = self.clock()
         if what == "verify":
+            work, ahead = work
             queued = tuple((t0 - w.submitted) * 1e3 for w in work)
-            self.runner.run_verify(work)
+            rows = sum(w.rows for w in work) + len(ahead)
+            if ahead:
+                self.runner.run_verify(work, ahead)
+            else:
+                self.runner.run_verify(work)
             t1 = self.clock()
             ms = (t1 - t0) * 1e3
             with self._cond:
-                self._last_verify_s = t1 - t0
+                if work:
+                    self._last_verify_s = t1 - t0
                 back = {id(v.session) for v in self._verify}   # sent their next block while this one settled
+                for session in ahead:
+                    session.vtime += ms
                 for w in work:
                     w.session.vtime += ms
                     if w.future.done() and w.future.exception() is None and id(w.session) not in back:
                         self._expected[w.session] = t1 + self.hold_s
-            return Forward("verify", sum(w.rows for w in work), len(work), ms, queued)
+            return Forward("verify", rows, len(work) + len(ahead), ms, queued)
         queued = ((t0 - work.submitted) * 1e3,) if work.started is None else ()
         work.started = work.started or t0
         before = work.done
         self.runner.run_prefill(work, self.prefill_chunk or len(work.prompt_ids))
-        ms = (self.clock() - t0) * 1e3
+        t1 = self.clock()
+        ms = (t1 - t0) * 1e3
         rows = work.done - before
         with self._cond:
             work.session.vtime += ms
             if rows >= self.prefill_chunk > 0:
                 self.credit_ms = ms
+            if work.future.done() and work.future.exception() is None:   # its first round comes next
+                self._expected[work.session] = t1 + self.hold_s
         return Forward("prefill", rows, 1, ms, queued)
 
     def _run_inline(self, work: Work) -> None:

@@ -71,7 +71,7 @@ class Target(TargetModel):
                  prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, rowwise_attention: bool | None = None,
                  max_block: int = 32, decoder: str = "auto", fallback_reason: str = "",
                  phases: dict[str, float] | None = None, max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
-                 batch_wait_ms: float = -1.0):
+                 batch_wait_ms: float = -1.0, ahead_rows: bool = False):
         """``model``: a ``gguf_model.GgufModel`` (the GGUF fast path: the decoder on the file's blocks) or a
         transformers model. ``gemm`` (fp32 weights only): "auto" (measure MKL and oneDNN per width at
         start-up, keep the faster), "onednn", or "mkl" (plain transformers); "gguf" is accepted for a GGUF
@@ -86,8 +86,11 @@ class Target(TargetModel):
         ``phases``: loading phases already timed ({name: s}; ``load`` passes reading and the tokenizer).
         ``max_batch_rows``: the most rows (all sessions' blocks together) one verify forward takes;
         ``batch_wait_ms``: how long a verify forward may wait for sessions of the previous one to come back
-        (< 0: a quarter of the last verify forward's time; ``verifier_service.scheduler``)."""
+        (< 0: a quarter of the last verify forward's time; ``verifier_service.scheduler``). ``ahead_rows``:
+        compute each session's pending row while its next block is on the way (``verifier_service.scheduler``;
+        only with exact rows)."""
         t_setup = time.perf_counter()
+        self._ahead_rows = bool(ahead_rows)
         super().__init__(model, tokenizer, name, gemm=gemm, widths=widths, rowwise_attention=rowwise_attention,
                          max_block=max_block, decoder=decoder, fallback_reason=fallback_reason, phases=phases,
                          max_batch_rows=max_batch_rows)
@@ -139,9 +142,22 @@ class Target(TargetModel):
             draft_probs[i, list(tok.support_ids)] = torch.tensor(tok.support_probs, dtype=torch.float32)
         return accept_random(target_probs, draft_ids, draft_probs, session.generator)
     # ---- what the scheduler runs (on the torch thread) -------------------------------------------
+    def wants_ahead(self, session: TargetSession) -> bool:
+        """The pending row may be computed ahead (scheduler docstring) where rows are exact (a block's first
+        row is then bit-identical to the same row computed ahead), once per round, within the context."""
+        return (self.ahead_rows and session.ahead is None and not session.ahead_failed and session.in_flight == 0
+                and session.pending_token >= 0 and session.cache is not None
+                and session.length + 1 < self.info.max_context)
+
+    @property
+    def ahead_rows(self) -> bool:
+        """Whether pending rows are computed ahead: the static decoder with exact, width-independent rows."""
+        return self.decoder is not None and self.decoder.rows_independent and self._ahead_rows
+
     @torch.inference_mode()
-    def run_verify(self, batch: list[VerifyWork]) -> None:
-        """One forward over the blocks of ``batch`` (each session's [pending, x_1..x_k] after its own cache), then
+    def run_verify(self, batch: list[VerifyWork], ahead: Sequence[TargetSession] = ()) -> None:
+        """One forward over the blocks of ``batch`` (each session's [pending, x_1..x_k] after its own cache, the
+        pending row left out where it was computed ahead) and the pending rows of the ``ahead`` sessions, then
         each block's acceptance rule and rollback; completes each item's future (cancelled ones are skipped)."""
         ready = []
         for work in batch:
@@ -155,21 +171,35 @@ class Target(TargetModel):
                 continue
             work.base = session.length
             ready.append((work, work.base))
-        if not ready:
+        verified = {id(w.session) for w, _ in ready}
+        ahead = [s for s in ahead if self.wants_ahead(s) and id(s) not in verified]
+        if not ready and not ahead:
             return
         t0 = time.perf_counter()
-        blocks = [(w.session, [w.session.pending_token] + [t.token_id for t in w.draft]) for w, _ in ready]
+        blocks = [(w.session, ([] if w.session.ahead is not None else [w.session.pending_token])
+                   + [t.token_id for t in w.draft]) for w, _ in ready]
+        blocks += [(session, [session.pending_token]) for session in ahead]
         try:
-            logits = self._forward_blocks(blocks)
+            fed = [(s, ids) for s, ids in blocks if ids]
+            computed = iter(self._forward_blocks(fed) if fed else ())   # plain steps computed ahead: no forward
+            logits = [next(computed) if ids else None for _, ids in blocks]
         except BaseException as exc:
             for work, base in ready:
                 work.session.rollback(base)             # the cache as it was
                 _settle(work.future, error=exc)
+            for session in ahead:
+                session.rollback(session.length)
+                session.ahead_failed = True
             return
         t1 = time.perf_counter()
         rows = sum(len(ids) for _, ids in blocks)
+        for session, row in zip(ahead, logits[len(ready):]):
+            session.ahead, session.in_flight = row, 1     # the pending row, not the session's length yet
         for (work, base), block_logits in zip(ready, logits):
             session = work.session
+            if session.ahead is not None:                 # row 0, computed ahead, then the drafted rows
+                block_logits = (session.ahead if block_logits is None
+                                else torch.cat([session.ahead, block_logits]))
             keep = base                                   # on any failure: the cache as it was
             try:
                 session.in_flight = len(work.draft) + 1   # the block's rows: not the session's length yet
@@ -180,7 +210,7 @@ class Target(TargetModel):
                 _settle(work.future, error=exc)
                 continue
             session.rollback(keep)                        # the one place the cache moves back
-            session.pending_token = result.next_token
+            session.pending_token, session.ahead_failed = result.next_token, False
             t2 = time.perf_counter()
             work.timing = (t0, t1, t2, rows, len(ready))
             _settle(work.future, VerifyOutcome(result.accepted, result.next_token, result.bonus,

@@ -155,11 +155,13 @@ def test_concurrent_sessions_share_forwards_and_decode_as_alone(target):
 
 
 def test_a_batch_stays_within_its_rows(tiny_gguf_files):
-    """``max_batch_rows`` bounds a forward's rows (a block wider than it goes alone)."""
+    """``max_batch_rows`` bounds a forward's rows (a block wider than it goes alone: 6 drafts and the pending
+    row, or the 6 drafts alone where the pending row was computed ahead)."""
     target = tiny_target(tiny_gguf_files["llama"], max_batch_rows=5)
-    rows = []
-    listener = lambda f: rows.append(f.rows) if f.kind == "verify" else None    # noqa: E731
+    forwards = []
+    listener = lambda f: forwards.append((f.rows, f.sessions)) if f.kind == "verify" else None    # noqa: E731
     target.scheduler.add_listener(listener)
     prompts = [p for p, _ in sessions_of(target.vocab_size)]
     tokens, _ = decode(target, prompts, 6, lambda i, step: [3 + i] * (2 if i else 6))
-    assert len(tokens) == 8 and max(rows) == 7 and all(r <= 5 for r in rows if r != 7)
+    assert len(tokens) == 8 and max(r for r, _ in forwards) in (6, 7)
+    assert all(r <= 5 or n == 1 for r, n in forwards), forwards
