@@ -11,7 +11,9 @@ DEFAULT_DRAFT_CONFIDENCE = 0.0  # confidence stop off: it did not pay end to end
 
 
 def configure(p) -> None:
-    flag(p, "verifier", f"{DEFAULT_HOST}:50062", help="verifier address host:port")
+    flag(p, "verifier", f"{DEFAULT_HOST}:50062", help="verifier address host:port, or 'local': load the target in "
+         "this process (the flags under 'the target, with --verifier local'): no gRPC hop between gateway and "
+         "verifier, which on one machine makes each token cheaper (tandem up --local-verifier)")
     flag(p, "drafter", f"{DEFAULT_HOST}:50061", help="drafter address host:port ('' for none: target only)")
     flag(p, "draft-length", "auto", draft_length, help="draft length k of every round: 'auto' chooses it each "
          "round from the measured verify/draft/network costs and the session's acceptance (0 = a plain step "
@@ -66,6 +68,10 @@ def configure(p) -> None:
          "slower ones are answered 408 and dropped")
     flag(p, "http-max-connections", 256, int, help="HTTP connections open at once; more are closed as accepted")
     server_flags(p, 50051)
+    from verifier_service.cli import model_flags
+
+    model_flags(p.add_argument_group("the target, with --verifier local (as serve-verifier's flags; its metrics on "
+                                     "--metrics-port + 1)"))
 
 
 def _listed(value: str | None) -> tuple[str, ...]:
@@ -74,10 +80,17 @@ def _listed(value: str | None) -> tuple[str, ...]:
 
 
 async def run(args) -> int:
+    local = args.verifier == "local"
+    if local:
+        from verifier_service.cli import openmp_environment
+
+        openmp_environment(args.omp_spincount)            # before anything imports torch
     from gateway.engine import GatewayConfig
     from gateway.server import connect_gateway, start_gateway
     from tandem import telemetry
     from tandem.serving import serve_until_stopped
+
+    verifier = await _local_verifier(args) if local else None
 
     tracing = telemetry.setup("tandem-gateway")
     config = GatewayConfig(draft_length=args.draft_length, max_draft_length=args.max_draft_length,
@@ -90,8 +103,8 @@ async def run(args) -> int:
                            draft_ahead=not args.no_draft_ahead, lookup_only=args.lookup_only,
                            unseeded_sampling=args.unseeded_sampling,
                            max_prompt_tokens=args.max_prompt_tokens, max_request_bytes=args.max_request_bytes)
-    gateway = await connect_gateway(args.verifier, None if args.lookup_only else args.drafter or None, config,
-                                    wait_s=args.wait,
+    gateway = await connect_gateway(verifier or args.verifier, None if args.lookup_only else args.drafter or None,
+                                    config, wait_s=args.wait,
                                     interceptors=tracing.client_interceptors(),
                                     drafter_timeout_s=args.drafter_timeout, verifier_timeout_s=args.verifier_timeout)
     http = None
@@ -115,4 +128,21 @@ async def run(args) -> int:
         print(f"[tandem] gateway: OpenAI-compatible API on {http.url}/v1, chat page on {http.url}/", flush=True,
               file=sys.stderr)
     service = await start_gateway(gateway, args.host, args.port, interceptors=tracing.server_interceptors())
-    return await serve_until_stopped(service, "gateway", args, tracing, on_stop=http.stop if http else None)
+    if verifier is not None:
+        verifier.serve_metrics(None if args.metrics_port is None else args.metrics_port + 1 if args.metrics_port
+                               else 0, args.host)
+    try:
+        return await serve_until_stopped(service, "gateway", args, tracing, on_stop=http.stop if http else None)
+    finally:
+        if verifier is not None:
+            await verifier.close()
+
+
+async def _local_verifier(args):
+    """``--verifier local``: the target loaded here as serve-verifier loads it (its start-up line says how)."""
+    from gateway.local_verifier import LocalVerifier
+    from verifier_service.cli import load_target
+
+    verifier = LocalVerifier(await load_target(args))
+    verifier.keep_house()
+    return verifier

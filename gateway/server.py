@@ -17,13 +17,18 @@ SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"]
 SERVICE_NAME = SERVICE.full_name
 
 
-async def connect_gateway(verifier_address: str, drafter_address: str | None, config: GatewayConfig,
+async def connect_gateway(verifier_address, drafter_address: str | None, config: GatewayConfig,
                           wait_s: float = 120.0, interceptors=(), drafter_timeout_s: float = 15.0,
                           verifier_timeout_s: float = 120.0) -> Gateway:
     """Waits for the verifier (its tokenizer is needed to serve anything); the drafter may come later.
+    ``verifier_address``: host:port, or a verifier in this process (``gateway.local_verifier.LocalVerifier``).
     ``interceptors``: client interceptors for both channels (tracing: ``Telemetry.client_interceptors()``)."""
-    verifier = VerifierClient(verifier_address, timeout_s=verifier_timeout_s, interceptors=interceptors)
-    info = await _wait_for_verifier(verifier, verifier_address, wait_s)
+    if isinstance(verifier_address, str):
+        verifier = VerifierClient(verifier_address, timeout_s=verifier_timeout_s, interceptors=interceptors)
+        info = await _wait_for_verifier(verifier, verifier_address, wait_s)
+    else:
+        verifier = verifier_address
+        info = await verifier.get_info()
     drafter = (DrafterClient(drafter_address, timeout_s=drafter_timeout_s, interceptors=interceptors)
                if drafter_address else None)
     gateway = Gateway(verifier, drafter, info, config)

@@ -140,7 +140,7 @@ def _normalise_addresses(args) -> None:
 
     for attr, service in ADDRESS_FLAGS.get(args.command, {}).items():
         value = getattr(args, attr, None)
-        if value:
+        if value and value != "local":              # serve-gateway --verifier local: no address
             setattr(args, attr, service_address(value, service, "--" + attr.replace("_", "-")))
 
 

@@ -50,6 +50,10 @@ def configure(p):
     flag(p, "activations", "fp32", help="the verifier's arithmetic on a GGUF file's blocks: 'fp32' (agrees with "
          "transformers to fp32 rounding) or 'int8' (llama.cpp's: activations rounded to int8, faster); speculative "
          "output equals plain decoding either way (see tandem-verifier --help)")
+    flag(p, "local-verifier", help="run the target in the gateway's process (serve-gateway --verifier local) "
+         "instead of a verifier service of its own: no gRPC hop between them, less CPU a token on one machine "
+         "(AMD EPYC, 2 CPUs: plain decoding +17 %% for one client, +24 %% for four, BENCHMARKS.md); the "
+         "verifier's metrics then come from the gateway's process (--metrics-port + 1)", cast=bool)
     flag(p, "verifier-cpus", None, help="pin the verifier and the gateway to these CPUs, e.g. '0' (Linux; "
          "unset: all)")
     flag(p, "drafter-cpus", None, help="pin the drafter to these CPUs, e.g. '1': with --verifier-cpus, drafting "
@@ -147,7 +151,8 @@ def start_cluster(args) -> Cluster:
     cluster = Cluster(log_dir, gateway_port=args.gateway_port)
     write_starting(log_dir, args.gateway_port, "starting the services")
     deadline = time.monotonic() + args.startup_timeout
-    note(f"logs: {log_dir}/{{verifier,drafter,gateway}}.log"
+    local = getattr(args, "local_verifier", False)
+    note(f"logs: {log_dir}/{{{'' if local else 'verifier,'}drafter,gateway}}.log"
          + (f" (removed {len(removed)} old {LOG_PREFIX}* log folder{'s' * (len(removed) != 1)})" if removed else ""))
     note(f"starting {_label('verifier', args.target)}" + ("" if getattr(args, "lookup_only", False)
                                                           else f" and {_label('drafter', args.drafter)}"))
@@ -156,16 +161,18 @@ def start_cluster(args) -> Cluster:
     pin = (lambda cpus: ["--cpus", str(cpus)] if cpus else [])
     try:
         activations = getattr(args, "activations", None)         # None: the verifier's own default (its env)
-        cluster.spawn("verifier", ["--target", args.target, "--threads", str(args.verifier_threads),
-                                   *(["--activations", activations] if activations else []), *pin(v_cpus),
-                                   *metrics(1)], label=_label("verifier", args.target))
+        target = ["--target", args.target, "--threads", str(args.verifier_threads),
+                  *(["--activations", activations] if activations else [])]
+        if not local:
+            cluster.spawn("verifier", [*target, *pin(v_cpus), *metrics(1)], label=_label("verifier", args.target))
         lookup_only = getattr(args, "lookup_only", False)
         if not lookup_only:
             cluster.spawn("drafter", ["--drafter", args.drafter, "--threads", str(args.drafter_threads),
                                       *pin(d_cpus), *metrics(2)], label=_label("drafter", args.drafter))
-        cluster.wait_up(["verifier"] + ([] if lookup_only else ["drafter"]), deadline)
-        verifier, drafter = cluster.ports["verifier"], cluster.ports.get("drafter")
-        cluster.spawn("gateway", ["--verifier", f"{DEFAULT_HOST}:{verifier}",
+        cluster.wait_up(([] if local else ["verifier"]) + ([] if lookup_only else ["drafter"]), deadline)
+        verifier, drafter = cluster.ports.get("verifier"), cluster.ports.get("drafter")
+        cluster.spawn("gateway", [*(["--verifier", "local", *target] if local
+                                    else ["--verifier", f"{DEFAULT_HOST}:{verifier}"]),
                                   *(["--lookup-only", "--drafter", ""] if lookup_only
                                     else ["--drafter", f"{DEFAULT_HOST}:{drafter}"]),
                                   *(["--no-draft-ahead"] if getattr(args, "no_draft_ahead", False) else []),
@@ -177,7 +184,8 @@ def start_cluster(args) -> Cluster:
                                   "--draft-confidence", str(args.draft_confidence), *pin(v_cpus), *metrics(0),
                                   *[arg for name in ("allowed_origins", "allowed_hosts") if getattr(args, name, "")
                                     for arg in (f"--{name.replace('_', '-')}", getattr(args, name))]],
-                      port=args.gateway_port, label="gateway")
+                      port=args.gateway_port, label="gateway" + (f" with {_label('verifier', args.target)}"
+                                                                 if local else ""))
         cluster.wait_up(["gateway"], deadline)
         gateway = cluster.ports["gateway"]
     except BaseException:
@@ -186,7 +194,8 @@ def start_cluster(args) -> Cluster:
     finally:
         with contextlib.suppress(OSError):
             (log_dir / STATE_FILE).unlink()
-    note(f"up: gateway {DEFAULT_HOST}:{gateway}  verifier {DEFAULT_HOST}:{verifier}  "
+    note(f"up: gateway {DEFAULT_HOST}:{gateway}  verifier "
+         + ("in the gateway's process  " if local else f"{DEFAULT_HOST}:{verifier}  ")
          + (f"drafter {DEFAULT_HOST}:{drafter}" if drafter else "no drafter (--lookup-only)"))
     return cluster
 

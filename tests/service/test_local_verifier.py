@@ -1,0 +1,131 @@
+"""The verifier in the gateway's process (``serve-gateway --verifier local``, ``tandem up --local-verifier``):
+the same text as a gateway reaching a verifier service over gRPC, the verifier's metrics beside the
+gateway's, and every error the gateway decides on raised as the domain error its status code would be."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import urllib.request
+
+import httpx
+import pytest
+from procs import ServiceProcess
+
+from tandem.bench.random_gguf import write
+from tandem.errors import InvalidInput, NotSessionOwner, PeerFailed, UnknownSession
+from tandem.types import DraftToken, SamplingParams
+from verifier_service import native
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="C kernels unavailable")
+PROMPTS = ["Write a haiku about autumn.", "What is 12 times 7?", "Name three rivers of Europe."]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory):
+    """A tiny random GGUF with the default target's tokenizer (a real one: the HTTP API applies its template)."""
+    from tandem.models import resolve
+
+    default = resolve("default")
+    return write(tmp_path_factory.mktemp("local") / "tiny.gguf", arch="llama", hidden=128, heads=2, kv_heads=1,
+                 ffn=256, std=0.3, kinds={"default": "Q4_1"}, seed=3,
+                 tokenizer_from=default.directory / default.gguf_file)
+
+
+def completions(http_port: int) -> list[tuple[str, int]]:
+    out = []
+    with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=120) as client:
+        for prompt in PROMPTS:
+            reply = client.post("/v1/chat/completions", json={
+                "model": "tiny", "messages": [{"role": "user", "content": prompt}], "max_tokens": 24,
+                "temperature": 0, "no_speculation": True})
+            assert reply.status_code == 200, reply.text
+            body = reply.json()
+            out.append((body["choices"][0]["message"]["content"], body["usage"]["completion_tokens"]))
+    return out
+
+
+def test_the_gateway_with_the_target_in_process_answers_as_over_grpc(tiny_file, tmp_path):
+    target = ["--target", str(tiny_file), "--no-warmup", "--threads", "1"]
+    http_local, http_remote, metrics = free_port(), free_port(), free_port()
+    local = ServiceProcess("gateway", ["--verifier", "local", *target, "--drafter", "", "--port", "0",
+                                       "--http-port", str(http_local), "--metrics-port", str(metrics)],
+                           tmp_path, name="local")
+    verifier = ServiceProcess("verifier", [*target, "--port", "0"], tmp_path)
+    try:
+        remote = ServiceProcess("gateway", ["--verifier", f"127.0.0.1:{verifier.wait_port(120)}", "--drafter", "",
+                                            "--port", "0", "--http-port", str(http_remote)], tmp_path, name="remote")
+        try:
+            local.wait_port(120)
+            remote.wait_port(120)
+            got = completions(http_local)
+            assert got == completions(http_remote)
+            assert all(n > 0 for _, n in got)
+            text = urllib.request.urlopen(f"http://127.0.0.1:{metrics + 1}/metrics", timeout=10).read().decode()
+            count = [line for line in text.splitlines() if line.startswith("tandem:verify_duration_seconds_count")]
+            assert count and float(count[0].split()[-1]) > 0, text[:2000]
+        finally:
+            remote.close()
+    finally:
+        local.close()
+        verifier.close()
+    assert "pending rows ahead" in local.log_path.read_text(), local.tail()     # the verifier's start-up line
+
+
+def test_errors_keep_the_meaning_their_status_code_has(tiny_file, monkeypatch):
+    from gateway.local_verifier import LocalVerifier
+    from verifier_service.target import Target
+
+    target = Target.load(str(tiny_file), widths=(1,), warmup=False)
+    local = LocalVerifier(target)
+
+    async def run():
+        first, _ = await local.start("s", [3, 4, 5], SamplingParams(), token="secret")
+        assert 0 <= first < target.vocab_size
+        with pytest.raises(UnknownSession, match="verifier \\(in this process\\): NOT_FOUND"):
+            await local.verify("nobody", [], "secret")
+        with pytest.raises(NotSessionOwner):
+            await local.verify("s", [], "wrong")
+        with pytest.raises(InvalidInput):
+            await local.verify("s", [DraftToken(10**6)], "secret")
+        monkeypatch.setattr(target, "averify", lambda *a: (_ for _ in ()).throw(ZeroDivisionError("bug")))
+        with pytest.raises(PeerFailed, match="request id") as err:
+            await local.verify("s", [], "secret")
+        assert "ZeroDivisionError" not in str(err.value)
+        await local.end("s", "secret")
+        assert target.sessions.count() == 0
+    asyncio.run(run())
+
+
+def test_up_runs_the_target_in_the_gateway(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from tandem import up
+
+    spawned = {}
+
+    class Stop(Exception):
+        pass
+
+    def spawn(self, name, args, port=0, label=None):
+        spawned[name] = list(args)
+        if name == "gateway":
+            raise Stop
+
+    monkeypatch.setattr(up.Cluster, "spawn", spawn)
+    monkeypatch.setattr(up.Cluster, "wait_up", lambda self, names, deadline: self.ports.update(drafter=1))
+    monkeypatch.setattr(up.Cluster, "stop", lambda self, *a, **k: None, raising=False)
+    with pytest.raises(Stop):
+        up.start_cluster(SimpleNamespace(log_dir=str(tmp_path), startup_timeout=5, target="default", drafter="default",
+                                         verifier_threads=1, drafter_threads=1, gateway_port=0, draft_length=2,
+                                         draft_confidence=0.0, http_port=-1, local_verifier=True,
+                                         activations="int8"))
+    assert "verifier" not in spawned
+    gateway = spawned["gateway"]
+    assert gateway[:8] == ["--verifier", "local", "--target", "default", "--threads", "1", "--activations", "int8"]
