@@ -13,7 +13,7 @@ DEFAULT_DRAFT_CONFIDENCE = 0.0  # confidence stop off: it did not pay end to end
 def configure(p) -> None:
     flag(p, "verifier", f"{DEFAULT_HOST}:50062", help="verifier address host:port, or 'local': load the target in "
          "this process (the flags under 'the target, with --verifier local'): no gRPC hop between gateway and "
-         "verifier, which on one machine makes each token cheaper (tandem up --local-verifier)")
+         "verifier, which on one machine makes each token cheaper (what tandem up runs)")
     flag(p, "drafter", f"{DEFAULT_HOST}:50061", help="drafter address host:port ('' for none: target only)")
     flag(p, "draft-length", "auto", draft_length, help="draft length k of every round: 'auto' chooses it each "
          "round from the measured verify/draft/network costs and the session's acceptance (0 = a plain step "

@@ -50,10 +50,9 @@ def configure(p):
     flag(p, "activations", "fp32", help="the verifier's arithmetic on a GGUF file's blocks: 'fp32' (agrees with "
          "transformers to fp32 rounding) or 'int8' (llama.cpp's: activations rounded to int8, faster); speculative "
          "output equals plain decoding either way (see tandem-verifier --help)")
-    flag(p, "local-verifier", help="run the target in the gateway's process (serve-gateway --verifier local) "
-         "instead of a verifier service of its own: no gRPC hop between them, less CPU a token on one machine "
-         "(AMD EPYC, 2 CPUs: plain decoding +17 %% for one client, +24 %% for four, BENCHMARKS.md); the "
-         "verifier's metrics then come from the gateway's process (--metrics-port + 1)", cast=bool)
+    flag(p, "separate-verifier", help="run the verifier as a service of its own, reached over gRPC as on two "
+         "machines, instead of in the gateway's process (the default: no gRPC hop between them, less CPU a token; "
+         "AMD EPYC, 2 CPUs: plain decoding +17 %% for one client, +24 %% for four, BENCHMARKS.md)", cast=bool)
     flag(p, "verifier-cpus", None, help="pin the verifier and the gateway to these CPUs, e.g. '0' (Linux; "
          "unset: all)")
     flag(p, "drafter-cpus", None, help="pin the drafter to these CPUs, e.g. '1': with --verifier-cpus, drafting "
@@ -62,7 +61,7 @@ def configure(p):
     flag(p, "log-dir", None, help=f"write each service's log here (default: a new {LOG_PREFIX}* folder in the "
          f"temporary directory; the {KEEP_LOG_DIRS} latest of those are kept, none older than a day)")
     flag(p, "metrics-port", None, int, help="Prometheus metrics: gateway on this port, verifier on +1, drafter on "
-         "+2 (unset: off)")
+         "+2 (unset: off); the verifier's come from the gateway's process unless --separate-verifier")
     flag(p, "allowed-origins", "", help="web origins whose pages may call the HTTP API from a browser (the "
          "gateway's --allowed-origins)")
     flag(p, "allowed-hosts", "", help="names the HTTP API answers to besides IP addresses, localhost and this "
@@ -151,7 +150,7 @@ def start_cluster(args) -> Cluster:
     cluster = Cluster(log_dir, gateway_port=args.gateway_port)
     write_starting(log_dir, args.gateway_port, "starting the services")
     deadline = time.monotonic() + args.startup_timeout
-    local = getattr(args, "local_verifier", False)
+    local = not getattr(args, "separate_verifier", False)      # the target in the gateway's process
     note(f"logs: {log_dir}/{{{'' if local else 'verifier,'}drafter,gateway}}.log"
          + (f" (removed {len(removed)} old {LOG_PREFIX}* log folder{'s' * (len(removed) != 1)})" if removed else ""))
     note(f"starting {_label('verifier', args.target)}" + ("" if getattr(args, "lookup_only", False)

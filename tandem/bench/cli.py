@@ -48,6 +48,8 @@ def configure(p) -> None:
          "than 1)")
     flag(g, "activations", "fp32", help="a started verifier's arithmetic on GGUF blocks: 'fp32' or 'int8' "
          "(tandem up --activations)")
+    flag(g, "separate-verifier", help="started services: the verifier as a service of its own, reached over gRPC "
+         "(tandem up --separate-verifier); default: in the gateway's process, as tandem up runs it", cast=bool)
     flag(g, "drafter-threads", 1, int, help="ONNX Runtime threads of a started drafter")
     flag(g, "verifier-cpus", None, help="pin a started verifier and gateway to these CPUs, e.g. '0' (Linux)")
     flag(g, "drafter-cpus", None, help="pin a started drafter to these CPUs, e.g. '1': with --verifier-cpus, the "

@@ -141,7 +141,9 @@ def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print
     finally:
         cluster.stop()
     results["tandem"] = {"command": f"tandem up --target {args.target} --drafter {args.drafter} --verifier-threads "
-                                    f"{threads} --http-port {cluster.http_port}" + (f" --verifier-cpus {cpus}" if cpus else "")}
+                                    f"{threads} --http-port {cluster.http_port}" + (f" --verifier-cpus {cpus}" if cpus else "")
+                                    + (f" --activations {args.activations}" if getattr(args, "activations", None) else "")
+                                    + (" --separate-verifier" if getattr(args, "separate_verifier", False) else "")}
     results["samples"] = samples
     return results
 

@@ -108,8 +108,9 @@ class GatewayRunner:
         return sample
 
 
-def fetch_info(verifier_addr: str | None, drafter_addr: str | None) -> dict:
-    """Model information from the verifier and drafter (GetInfo), for the report. Never raises."""
+def fetch_info(verifier_addr: str | None, drafter_addr: str | None, gateway_addr: str | None = None) -> dict:
+    """Model information from the verifier and drafter (GetInfo), for the report; a verifier in the gateway's
+    process (no address of its own): the target's name from the gateway's GetStatus. Never raises."""
     import grpc
     from google.protobuf.json_format import MessageToDict
 
@@ -129,4 +130,13 @@ def fetch_info(verifier_addr: str | None, drafter_addr: str | None) -> dict:
             out[name] = info
         except grpc.RpcError as err:
             out[name] = {"address": addr, "error": f"{err.code().name}: {err.details()}"}
+    if not verifier_addr and gateway_addr:
+        from tandem.pb import gateway_grpc, gateway_pb2
+
+        try:
+            with grpc.insecure_channel(gateway_addr, options=CHANNEL_OPTIONS) as ch:
+                status = gateway_grpc.GatewayStub(ch).GetStatus(gateway_pb2.GetStatusRequest(), timeout=30)
+            out["target"] = {"model_name": status.target_model, "address": f"in the gateway's process ({gateway_addr})"}
+        except grpc.RpcError as err:
+            out["target"] = {"address": gateway_addr, "error": f"{err.code().name}: {err.details()}"}
     return out

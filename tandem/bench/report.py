@@ -144,7 +144,9 @@ def _setting(results: dict) -> list[str]:
     L.append("- Software: " + ", ".join(f"{k} {v[k]}" for k in v) +
              f"; commit {env['git'].get('commit')}{' (dirty tree)' if env['git'].get('dirty') else ''}.")
     L.append(f"- Target: {target.get('model_name', '?')} (vocab {target.get('vocab_size', '?')}, spec "
-             f"`{models.get('target_spec')}`), verifier at {results['services'].get('verifier')}.")
+             f"`{models.get('target_spec')}`), verifier "
+             + (f"at {results['services']['verifier']}." if results['services'].get('verifier')
+                else "in the gateway's process."))
     L.append(f"- Drafter: {drafter.get('model_name', '?')} served from `{files.get('path', '?')}` "
              f"(ONNX; quantize {files.get('quantize')}, draft vocab {files.get('draft_vocab')}, source "
              f"`{files.get('source')}`).")

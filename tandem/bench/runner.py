@@ -36,10 +36,18 @@ def start_services(args, log_dir: Path, http_port: int = -1):
                          drafter_threads=args.drafter_threads, verifier_threads=args.verifier_threads,
                          verifier_cpus=getattr(args, "verifier_cpus", None),
                          drafter_cpus=getattr(args, "drafter_cpus", None), startup_timeout=args.startup_timeout,
-                         log_dir=str(log_dir), http_port=http_port, activations=getattr(args, "activations", None))
+                         log_dir=str(log_dir), http_port=http_port, activations=getattr(args, "activations", None),
+                         separate_verifier=getattr(args, "separate_verifier", False))
     cluster = start_cluster(ns)
     cluster.http_port = ns.http_port
     return cluster
+
+
+def service_address(cluster, name: str) -> str | None:
+    """host:port of a started service; None for one that has no port of its own (a verifier in the gateway's
+    process, a drafter under --lookup-only)."""
+    port = cluster.ports.get(name)
+    return f"127.0.0.1:{port}" if port else None
 
 
 def progress_bar(total: int, desc: str, enabled: bool):
@@ -66,7 +74,7 @@ def run_benchmark(args, prompts: list[Prompt], run_order: list[Prompt], settings
         log_dir = out_dir / "service_logs"
         t0 = time.perf_counter()
         cluster = start_services(args, log_dir)
-        gateway_addr, verifier_addr, drafter_addr = (f"127.0.0.1:{cluster.ports[n]}"
+        gateway_addr, verifier_addr, drafter_addr = (service_address(cluster, n)
                                                      for n in ("gateway", "verifier", "drafter"))
         services = {"mode": "started", "startup_s": time.perf_counter() - t0, "logs": str(log_dir),
                     "gateway": gateway_addr, "verifier": verifier_addr, "drafter": drafter_addr,
@@ -81,7 +89,7 @@ def run_benchmark(args, prompts: list[Prompt], run_order: list[Prompt], settings
     results["services"] = services
     gw = None
     try:
-        info = fetch_info(verifier_addr, drafter_addr)
+        info = fetch_info(verifier_addr, drafter_addr, gateway_addr)
         ddir = drafter_dir_no_export(args.drafter) if (args.drafter or not args.gateway) else None
         meta = drafter_metadata(ddir)
         results["models"] = {"target": info.get("target"), "drafter": info.get("drafter"), "drafter_files": meta,

@@ -80,7 +80,7 @@ def run_versus(args, prompts, run_order, settings, out_dir: Path, log=print) -> 
     from tandem.bench.llama_server import LlamaServer, llama_bench
     from tandem.bench.llama_tools import find_tools, missing_message
     from tandem.bench.gateway_runner import GatewayRunner, fetch_info
-    from tandem.bench.runner import progress_bar, start_services
+    from tandem.bench.runner import progress_bar, service_address, start_services
     from tandem.security import default as default_security
 
     tools = find_tools(getattr(args, "llama_bin_dir", None))
@@ -104,10 +104,11 @@ def run_versus(args, prompts, run_order, settings, out_dir: Path, log=print) -> 
                              "command": f"tandem up --target {args.target} --drafter {args.drafter} "
                              f"--verifier-threads {threads} --http-port {cluster.http_port}"
                              + (f" --activations {args.activations}" if getattr(args, "activations", None) else "")
+                             + (" --separate-verifier" if getattr(args, "separate_verifier", False) else "")
                              + (f" --verifier-cpus {cpus}" if cpus else "")
                              + (f" --drafter-cpus {args.drafter_cpus}" if getattr(args, "drafter_cpus", None) else "")}
-        results["models"] = fetch_info(f"127.0.0.1:{cluster.ports['verifier']}",
-                                       f"127.0.0.1:{cluster.ports['drafter']}")
+        results["models"] = fetch_info(service_address(cluster, "verifier"), service_address(cluster, "drafter"),
+                                       service_address(cluster, "gateway"))
         gw = GatewayRunner(f"127.0.0.1:{cluster.ports['gateway']}")
         with LlamaServer(tools.server, gguf, threads, cpus=cpus, log_path=out_dir / "llama-server.log") as server:
             results["llama_server"] = {"command": server.command, "startup_s": server.startup_s}

@@ -68,13 +68,15 @@ def env() -> dict:
 class Up:
     """``tandem up`` with the tiny models as a child process; its stderr goes to a file the test reads."""
 
-    def __init__(self, target, drafter, tmp_path: Path, *extra: str):
+    def __init__(self, target, drafter, tmp_path: Path, *extra: str, separate: bool = True):
+        """``separate``: the verifier as a child of its own (--separate-verifier), else in the gateway's."""
         self.log_dir = tmp_path / "logs"
         self.err_path = tmp_path / "up.err"
         self.err = open(self.err_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "tandem.cli", "up", "--target", str(target), "--drafter",
                                       str(drafter), "--gateway-port", "0", "--http-port", "0", "--verifier-threads", "1",
-                                      "--log-dir", str(self.log_dir), "--startup-timeout", "120", *extra],
+                                      "--log-dir", str(self.log_dir), "--startup-timeout", "120",
+                                      *(["--separate-verifier"] if separate else []), *extra],
                                      stdout=subprocess.DEVNULL, stderr=self.err, env=env(), cwd=REPO)
         self.gateway = None
         self.seen: set[int] = set()         # every child pid seen: close() leaves none behind, even on old code
@@ -191,6 +193,31 @@ def test_a_killed_verifier_is_restarted_and_the_gateway_reconnects(up):
     assert up.proc.poll() is None
 
 
+def test_by_default_the_target_runs_in_the_gateway_and_a_killed_gateway_comes_back(tiny_long_target_dir,
+                                                                                    tiny_long_drafter_onnx, tmp_path):
+    """Two children (drafter, gateway with the target); the same tokens as over gRPC to a verifier of its own;
+    the gateway killed (-9) is restarted with its target and serves again."""
+    cluster = Up(tiny_long_target_dir, tiny_long_drafter_onnx, tmp_path, separate=False)
+    try:
+        cluster.wait_up()
+        assert "verifier in the gateway's process" in cluster.stderr()
+        with pytest.raises(LookupError):
+            cluster.pid("verifier")
+        old_pid = cluster.pid("gateway")
+        with grpc.insecure_channel(cluster.gateway) as channel:
+            stub = gateway_grpc.GatewayStub(channel)
+            plain = stub.Generate(req(no_speculation=True), timeout=60)
+            assert len(plain.token_ids) == N
+            assert list(stub.Generate(req(draft_length=4), timeout=60).token_ids) == list(plain.token_ids)
+        os.kill(old_pid, signal.SIGKILL)
+        assert wait_until(lambda: "gateway is back" in cluster.stderr(), 60, 0.2), cluster.stderr()
+        with grpc.insecure_channel(cluster.gateway) as channel:
+            again = gateway_grpc.GatewayStub(channel).Generate(req(no_speculation=True), timeout=60)
+        assert list(again.token_ids) == list(plain.token_ids)
+    finally:
+        cluster.close()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_stopping_up_leaves_no_child(sig, tiny_long_target_dir, tiny_long_drafter_onnx, tmp_path):
     """SIGTERM: up stops all three and exits 0. SIGKILL: the kernel tells the children (PR_SET_PDEATHSIG)."""
@@ -233,7 +260,8 @@ def test_a_childs_bind_failure_is_reported_clearly(tiny_long_target_dir, tiny_lo
     monkeypatch.setattr(tandem_up, "check_ports", lambda args: None)
     args = SimpleNamespace(target=str(tiny_long_target_dir), drafter=str(tiny_long_drafter_onnx), gateway_port=0,
                            draft_length=2, draft_confidence=0.0, drafter_threads=1, verifier_threads=1,
-                           verifier_cpus=None, drafter_cpus=None, startup_timeout=120, log_dir=str(tmp_path))
+                           verifier_cpus=None, drafter_cpus=None, startup_timeout=120, log_dir=str(tmp_path),
+                           separate_verifier=True)
     with listening_socket() as s:
         args.gateway_port = s.getsockname()[1]
         with pytest.raises(tandem_up.PortInUse, match=rf"the gateway cannot listen on 127\.0\.0\.1:{args.gateway_port} "

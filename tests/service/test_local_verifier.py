@@ -1,4 +1,4 @@
-"""The verifier in the gateway's process (``serve-gateway --verifier local``, ``tandem up --local-verifier``):
+"""The verifier in the gateway's process (``serve-gateway --verifier local``, ``tandem up``'s default):
 the same text as a gateway reaching a verifier service over gRPC, the verifier's metrics beside the
 gateway's, and every error the gateway decides on raised as the domain error its status code would be."""
 
@@ -124,7 +124,7 @@ def test_up_runs_the_target_in_the_gateway(monkeypatch, tmp_path):
     with pytest.raises(Stop):
         up.start_cluster(SimpleNamespace(log_dir=str(tmp_path), startup_timeout=5, target="default", drafter="default",
                                          verifier_threads=1, drafter_threads=1, gateway_port=0, draft_length=2,
-                                         draft_confidence=0.0, http_port=-1, local_verifier=True,
+                                         draft_confidence=0.0, http_port=-1,
                                          activations="int8"))
     assert "verifier" not in spawned
     gateway = spawned["gateway"]

@@ -59,7 +59,8 @@ def test_up_passes_activations_to_the_verifier(monkeypatch, tmp_path):
     monkeypatch.setattr(up.Cluster, "spawn", spawn)
     monkeypatch.setattr(up.Cluster, "stop", lambda self, *a, **k: None, raising=False)
     base = dict(log_dir=str(tmp_path), startup_timeout=5, target="default", drafter="default", verifier_threads=1,
-                drafter_threads=1, gateway_port=0, draft_length=2, draft_confidence=0.0, http_port=-1)
+                drafter_threads=1, gateway_port=0, draft_length=2, draft_confidence=0.0, http_port=-1,
+                separate_verifier=True)
     for extra, want in (({"activations": "int8"}, ["--activations", "int8"]), ({}, [])):
         spawned.clear()
         with pytest.raises(Stop):
