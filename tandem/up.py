@@ -1,10 +1,11 @@
-"""``tandem up`` / ``tandem demo``: all three services as local processes on loopback.
+"""``tandem up`` / ``tandem demo``: the services as local processes on loopback: the drafter, and the gateway
+with the target in its own process (``--separate-verifier``: the verifier as a third process).
 
-``up`` checks its flags and ports before starting anything, starts the verifier and the drafter, then the
-gateway pointed at them, and supervises the three until a signal stops them (``tandem.up_children``:
+``up`` checks its flags and ports before starting anything, starts the drafter (and a separate verifier), then
+the gateway pointed at them, and supervises them until a signal stops them (``tandem.up_children``:
 restarts, health, stop order; ``tandem.up_signals``: SIGTERM / SIGHUP / SIGINT; ``tandem.up_logs``: log
-folders and the ``starting.json`` that ``tandem generate`` reads while they load). ``demo`` starts the
-three the same way, generates once with a round timeline, and stops them.
+folders and the ``starting.json`` that ``tandem generate`` reads while they load). ``demo`` starts them
+the same way, generates once with a round timeline, and stops them.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def configure(p):
          "unset: all)")
     flag(p, "drafter-cpus", None, help="pin the drafter to these CPUs, e.g. '1': with --verifier-cpus, drafting "
          "never competes with verification for cores, as on two machines")
-    flag(p, "startup-timeout", 900.0, float, help="seconds to wait for all three to be healthy")
+    flag(p, "startup-timeout", 900.0, float, help="seconds to wait for every child to be healthy")
     flag(p, "log-dir", None, help=f"write each service's log here (default: a new {LOG_PREFIX}* folder in the "
          f"temporary directory; the {KEEP_LOG_DIRS} latest of those are kept, none older than a day)")
     flag(p, "metrics-port", None, int, help="Prometheus metrics: gateway on this port, verifier on +1, drafter on "
@@ -123,7 +124,7 @@ def _label(kind: str, spec: str | None) -> str:
 
 
 def start_cluster(args) -> Cluster:
-    """Starts verifier, drafter and gateway and waits until all three are healthy. Raises ValueError on bad
+    """Starts the drafter and the gateway (with the target, or a separate verifier) and waits until all are healthy. Raises ValueError on bad
     CPU lists and PortInUse (a ValueError) on a port in use before starting any; PortInUse, StartupFailed or
     TimeoutError if one cannot start (the others are stopped then)."""
     v_cpus = getattr(args, "verifier_cpus", None)
@@ -230,13 +231,13 @@ def run(args) -> int:
                 return cluster
             tandem = _tandem_command()
             note(f'try: {tandem} generate --gateway {DEFAULT_HOST}:{cluster.ports["gateway"]} --chat '
-                 '"Write a haiku about autumn."   (Ctrl-C stops all three)')
+                 '"Write a haiku about autumn."   (Ctrl-C stops them all)')
             if getattr(args, "http_port", -1) >= 0:
                 note(f"chat page and OpenAI-compatible API: http://{DEFAULT_HOST}:{args.http_port}/  "
                      f"(base_url http://{DEFAULT_HOST}:{args.http_port}/v1)")
             return cluster.supervise()
         except Stop as stop:
-            note(f"{stop}: stopping all three" if isinstance(cluster, Cluster) else f"{stop}: stopped while starting")
+            note(f"{stop}: stopping them all" if isinstance(cluster, Cluster) else f"{stop}: stopped while starting")
             return 0
         finally:
             if isinstance(cluster, Cluster):

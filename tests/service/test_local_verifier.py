@@ -129,3 +129,36 @@ def test_up_runs_the_target_in_the_gateway(monkeypatch, tmp_path):
     assert "verifier" not in spawned
     gateway = spawned["gateway"]
     assert gateway[:8] == ["--verifier", "local", "--target", "default", "--threads", "1", "--activations", "int8"]
+
+
+def test_the_targets_spans_join_the_gateways_trace(tiny_file, tmp_path):
+    """Tracing with the target in the gateway's process: the forward and acceptance spans of each round are
+    children of that round's span, in the gateway's trace and service."""
+    import grpc
+    from procs import OtlpReceiver
+
+    from tandem.pb import gateway_grpc, gateway_pb2
+
+    receiver = OtlpReceiver()
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100",
+           "OTEL_TRACES_SAMPLER": "parentbased_always_on"}
+    gateway = ServiceProcess("gateway", ["--verifier", "local", "--target", str(tiny_file), "--no-warmup",
+                                         "--threads", "1", "--drafter", "", "--port", "0"], tmp_path, env=env)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{gateway.wait_port(120)}") as channel:
+            reply = gateway_grpc.GatewayStub(channel).Generate(
+                gateway_pb2.GenerateRequest(prompt="w1 w5 w9", max_tokens=8, ignore_eos=True), timeout=120)
+        gateway.close()                                    # SIGTERM flushes the spans
+        spans = receiver.snapshot()
+    finally:
+        gateway.close()
+        receiver.stop()
+    (generate,) = [s for s in spans if s["name"].endswith("Gateway/Generate")]
+    mine = [s for s in spans if s["trace_id"] == generate["trace_id"]]
+    assert {s["service"] for s in mine} == {"tandem-gateway"}
+    by_id = {s["span_id"]: s for s in mine}
+    rounds = [s for s in mine if s["name"] == "round"]
+    forwards = [s for s in mine if s["name"] == "target.forward"]
+    assert len(rounds) == reply.stats.rounds > 0
+    assert len(forwards) == reply.stats.rounds + 1                           # the prefill's, then one a round
+    assert all(by_id[f["parent_id"]]["name"] in ("round", "prefill") for f in forwards)
