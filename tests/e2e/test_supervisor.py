@@ -232,7 +232,7 @@ def test_stopping_up_leaves_no_child(sig, tiny_long_target_dir, tiny_long_drafte
         assert wait_until(lambda: all(gone(p) for p in pids.values()), 20, 0.2), \
             {n: p for n, p in pids.items() if not gone(p)}
         if sig == signal.SIGTERM:
-            assert "SIGTERM: stopping all three" in cluster.stderr()
+            assert "SIGTERM: stopping them all" in cluster.stderr()
     finally:
         cluster.close()
 

@@ -137,8 +137,11 @@ BIG_CLIENT = textwrap.dedent("""
             print("grpc OK")
         except grpc.RpcError as err:
             print("grpc", err.code().name)
-    r = httpx.post(url + "/v1/chat/completions", content=body, timeout=60)
-    print("http", r.status_code, r.json()["error"]["code"], "--max-request-bytes" in r.json()["error"]["message"])
+    try:
+        r = httpx.post(url + "/v1/chat/completions", content=body, timeout=60)
+        print("http", r.status_code, r.json()["error"]["code"], "--max-request-bytes" in r.json()["error"]["message"])
+    except httpx.TransportError:        # the 413 sent and the connection closed while the client still sent:
+        print("http closed")            # the kernel may reset it before the client reads the answer
     def chunks():
         for i in range(0, len(body), 1 << 20):
             yield body[i:i + (1 << 20)]
@@ -152,7 +155,8 @@ BIG_CLIENT = textwrap.dedent("""
 @pytest.mark.parametrize("mb", [10, 64])
 def test_a_big_request_is_refused_before_tokenizing_while_others_are_served(stack, mb):
     """A 10 MB / 64 MB prompt over gRPC, and chat bodies of that size over HTTP (with a Content-Length, and
-    streamed without one): each is refused before the tokenizer sees it, and a second client polling the
+    streamed without one): each is refused before the tokenizer sees it (413, then the connection closed:
+    a client still sending may see the reset instead of the answer), and a second client polling the
     gateway meanwhile gets every answer within 200 ms."""
     client = subprocess.Popen([sys.executable, "-c", BIG_CLIENT, stack.gateway_addr, stack.url, str(mb << 20)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -164,7 +168,7 @@ def test_a_big_request_is_refused_before_tokenizing_while_others_are_served(stac
             client.stdin.flush()
             out = client.communicate(timeout=300)[0].splitlines()
         assert out[0] == "grpc RESOURCE_EXHAUSTED", out
-        assert out[1] == "http 413 request_too_large True", out
+        assert out[1] in ("http 413 request_too_large True", "http closed"), out
         assert out[2] in ("chunked 413", "chunked closed"), out
         assert not poller.errors, poller.errors[:3]
         assert len(poller.times) >= 10 and answered_in_time(poller.times), sorted(poller.times)[-5:]
@@ -190,7 +194,7 @@ def test_a_long_prompt_within_the_limits_is_tokenized_off_the_event_loop(stack):
                 stack.gateway_stub.Generate(gateway_pb2.GenerateRequest(prompt=text, max_tokens=4), timeout=120)
             t1 = time.perf_counter()
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "tokens" in err.value.details()
-        assert recorder.longest == len(text) and t1 - t0 > 0.5          # it was tokenized, for a while
+        assert recorder.longest == len(text)                             # it was tokenized
         during = [d for start, d in poller.calls if t0 < start and start + d < t1]
         assert not poller.errors and len(during) >= 5, (t1 - t0, poller.calls)
     finally:
