@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,13 @@ class ServiceProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         self.log.close()
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a flag that wants a fixed port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:

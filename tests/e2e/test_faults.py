@@ -8,7 +8,6 @@ this process (tests/harness.py's loop thread) so the test can look at their sess
 from __future__ import annotations
 
 import signal
-import socket
 import threading
 import time
 
@@ -16,7 +15,7 @@ import grpc
 import pytest
 
 from harness import InProcessGateway
-from procs import ServiceProcess, wait_healthy, wait_until
+from procs import ServiceProcess, free_port, wait_healthy, wait_until
 from tandem.pb import common_pb2, drafter_pb2, gateway_grpc, gateway_pb2, verifier_grpc, verifier_pb2
 
 N = 256
@@ -27,12 +26,6 @@ def req(**kw):
     kw.setdefault("max_tokens", N)
     kw.setdefault("ignore_eos", True)
     return gateway_pb2.GenerateRequest(**kw)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,11 @@ gateway's, and every error the gateway decides on raised as the domain error its
 from __future__ import annotations
 
 import asyncio
-import socket
 import urllib.request
 
 import httpx
 import pytest
-from procs import ServiceProcess
+from procs import ServiceProcess, free_port
 
 from tandem.bench.random_gguf import write
 from tandem.errors import InvalidInput, NotSessionOwner, PeerFailed, UnknownSession
@@ -19,12 +18,6 @@ from verifier_service import native
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="C kernels unavailable")
 PROMPTS = ["Write a haiku about autumn.", "What is 12 times 7?", "Name three rivers of Europe."]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import LoopThread
-from procs import ServiceProcess
+from procs import ServiceProcess, free_port
 from tandem import security
 from tandem.cli import main
 
@@ -27,12 +27,6 @@ def tandem(*args, input=None, timeout=120, env=None) -> subprocess.CompletedProc
     full_env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO), **(env or {}))
     return subprocess.run([sys.executable, "-m", "tandem.cli", *args], input=input, capture_output=True,
                           text=True, timeout=timeout, cwd=REPO, env=full_env)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def one_line(text: str) -> str:
