@@ -16,6 +16,19 @@ static inline float dot(const float *q, const float *k, int64_t d) {
     return v_hsum(acc);
 }
 
+/* o[0 .. chunks * VL) = (sum over j < m of s[j] * V[j * d + ...]) * vinv: one accumulator chain a VL-wide chunk
+   of columns, the keys in order (chunks a constant at each call, so the chains stay in registers). */
+static inline __attribute__((always_inline)) void weighted_values(const float *s, const float *V, int64_t m,
+                                                                  int64_t d, vf vinv, const int chunks, float *o) {
+    vf acc[8];
+    for (int k = 0; k < chunks; k++) acc[k] = v_zero();
+    for (int64_t j = 0; j < m; j++) {
+        const vf p = v_set1(s[j]);
+        for (int k = 0; k < chunks; k++) acc[k] = v_fma(p, v_load(V + j * d + k * VL), acc[k]);
+    }
+    for (int k = 0; k < chunks; k++) v_store(o + k * VL, v_mul(acc[k], vinv));
+}
+
 void TQ_SUFFIX(tq_attention)(const float *q, int64_t q_row, int64_t n, int64_t heads, int64_t kv_heads, int64_t d,
                              const float *k, const float *v, int64_t cap, int64_t start, int64_t window, float scale,
                              float *out, int threads) {
@@ -62,44 +75,8 @@ void TQ_SUFFIX(tq_attention)(const float *q, int64_t q_row, int64_t n, int64_t h
             const vf vinv = v_set1(1.0f / v_hsum(vsum));
             float *o = out + a.i * heads * d + a.h * d;
             int64_t c = 0;
-            for (; c + 8 * VL <= d; c += 8 * VL) {       /* eight column chunks: one pass over V, eight chains */
-                vf a0 = v_zero(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-                for (int64_t j3 = 0; j3 < m; j3++) {
-                    const vf p = v_set1(s[j3]);
-                    const float *vj = V + j3 * d + c;
-                    a0 = v_fma(p, v_load(vj), a0);
-                    a1 = v_fma(p, v_load(vj + VL), a1);
-                    a2 = v_fma(p, v_load(vj + 2 * VL), a2);
-                    a3 = v_fma(p, v_load(vj + 3 * VL), a3);
-                    a4 = v_fma(p, v_load(vj + 4 * VL), a4);
-                    a5 = v_fma(p, v_load(vj + 5 * VL), a5);
-                    a6 = v_fma(p, v_load(vj + 6 * VL), a6);
-                    a7 = v_fma(p, v_load(vj + 7 * VL), a7);
-                }
-                v_store(o + c, v_mul(a0, vinv));
-                v_store(o + c + VL, v_mul(a1, vinv));
-                v_store(o + c + 2 * VL, v_mul(a2, vinv));
-                v_store(o + c + 3 * VL, v_mul(a3, vinv));
-                v_store(o + c + 4 * VL, v_mul(a4, vinv));
-                v_store(o + c + 5 * VL, v_mul(a5, vinv));
-                v_store(o + c + 6 * VL, v_mul(a6, vinv));
-                v_store(o + c + 7 * VL, v_mul(a7, vinv));
-            }
-            for (; c + 4 * VL <= d; c += 4 * VL) {       /* four column chunks at a time: four chains */
-                vf a0 = v_zero(), a1 = a0, a2 = a0, a3 = a0;
-                for (int64_t j3 = 0; j3 < m; j3++) {
-                    const vf p = v_set1(s[j3]);
-                    const float *vj = V + j3 * d + c;
-                    a0 = v_fma(p, v_load(vj), a0);
-                    a1 = v_fma(p, v_load(vj + VL), a1);
-                    a2 = v_fma(p, v_load(vj + 2 * VL), a2);
-                    a3 = v_fma(p, v_load(vj + 3 * VL), a3);
-                }
-                v_store(o + c, v_mul(a0, vinv));
-                v_store(o + c + VL, v_mul(a1, vinv));
-                v_store(o + c + 2 * VL, v_mul(a2, vinv));
-                v_store(o + c + 3 * VL, v_mul(a3, vinv));
-            }
+            for (; c + 8 * VL <= d; c += 8 * VL) weighted_values(s, V + c, m, d, vinv, 8, o + c);  /* one pass */
+            for (; c + 4 * VL <= d; c += 4 * VL) weighted_values(s, V + c, m, d, vinv, 4, o + c);
             for (; c < d; c += VL) {                      /* the same arithmetic for the last chunks */
                 const int64_t w = d - c < VL ? d - c : VL;
                 vf acc = v_zero();
