@@ -8,12 +8,11 @@ HTTP side's own and goes out as it is; anything else is a bug: 500 with a reques
 from __future__ import annotations
 
 import logging
-import uuid
 
 from starlette.responses import JSONResponse
 
 from gateway.openai_schema import ApiError
-from tandem.errors import wire_of
+from tandem.errors import log_bug, wire_of
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +36,7 @@ def error_from_exception(exc: BaseException, chat: bool = False) -> ApiError | N
 
 def internal_error(exc: BaseException) -> ApiError:
     """A 500 for a bug: the exception is logged under a request id; the client gets the id, not the text."""
-    request_id = uuid.uuid4().hex[:16]
-    log.error("HTTP API: internal error, request id %s", request_id, exc_info=exc)
+    request_id = log_bug(log, "HTTP API", exc)
     return ApiError(500, f"internal error (request id {request_id}; the details are in the gateway's log)",
                     type="server_error", code="internal_error")
 

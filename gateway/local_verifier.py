@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Sequence
 
-from tandem.errors import PeerFailed, error_for_status, wire_of
+from tandem.errors import PeerFailed, error_for_status, log_bug, wire_of
 from tandem.types import DraftToken, SamplingParams, TargetInfo, VerifyOutcome
 
 log = logging.getLogger(__name__)
@@ -96,6 +95,5 @@ def _as_peer_error(exc: Exception, where: str) -> Exception:
     wire = wire_of(exc)
     if wire is not None:
         return error_for_status(wire.grpc, f"{NAME}: {wire.grpc}: {exc}")
-    request_id = uuid.uuid4().hex[:16]
-    log.error("%s %s: internal error, request id %s", NAME, where, request_id, exc_info=exc)
+    request_id = log_bug(log, f"{NAME} {where}", exc)
     return PeerFailed(f"{NAME}: internal error in {where} (request id {request_id}; the details are in the log)")

@@ -23,6 +23,7 @@ Plain Python: no grpc here (math and model code raise these).
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 
@@ -120,3 +121,11 @@ _BY_STATUS["DEADLINE_EXCEEDED"] = Unavailable
 def error_for_status(status: str, message: str) -> TandemError:
     """The domain error a peer's gRPC status ``status`` (its name, e.g. "NOT_FOUND") stands for."""
     return _BY_STATUS.get(status, PeerFailed)(message)
+
+
+def log_bug(log, where: str, exc: BaseException) -> str:
+    """Logs ``exc`` (not a domain error: a bug) with its traceback under a new request id and returns the id,
+    the one thing its caller is told (the text may hold internals)."""
+    request_id = uuid.uuid4().hex[:16]
+    log.error("%s: internal error, request id %s", where, request_id, exc_info=exc)
+    return request_id

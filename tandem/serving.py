@@ -13,7 +13,6 @@ import functools
 import logging
 import signal
 import sys
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from tandem.errors import wire_of
+from tandem.errors import log_bug, wire_of
 from tandem.sessions import CALLER
 
 log = logging.getLogger(__name__)
@@ -67,8 +66,7 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: Exception, where: s
     if code is not None:
         exc.__traceback__ = None        # its frames hold the request: freed now, not at the next garbage collection
         await context.abort(code, str(exc))
-    request_id = uuid.uuid4().hex[:16]
-    log.error("%s: internal error, request id %s", where, request_id, exc_info=exc)
+    request_id = log_bug(log, where, exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {where} (request id {request_id}; the "
                         "details are in that node's log)")
 
