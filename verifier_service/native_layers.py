@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import torch
 
-from verifier_service.architecture import GELU_TANH, INTERLEAVED, SILU
+from verifier_service.architecture import INTERLEAVED
+from verifier_service.quant import function_address
 
 _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-ONE, ONE_X8, PARTS, PARTS_X8 = range(4)
 
 
 class _Linear(ctypes.Structure):
@@ -43,10 +43,6 @@ class _Segment(ctypes.Structure):
     _fields_ = [("kv", _ptr), ("cap", _i64), ("start", _i64), ("first", _i64), ("n", _i64)]
 
 
-def _address(fn) -> int:
-    return ctypes.cast(fn, ctypes.c_void_p).value
-
-
 def _tensor(t: torch.Tensor | None, size: int) -> int | None:
     if t is None:
         return None
@@ -60,15 +56,13 @@ class NativeLayers:
     ``run(segments, x, h, rope)`` runs every layer (see ``kernels/decoder_layers.c``)."""
 
     def __init__(self, spec, weights, ops, rope):
-        from verifier_service.weights import BlockWeight, Concat
-
-        self.spec, self._keep = spec, []            # _keep: the ctypes arrays the structures point into
+        self.spec = spec
         kernels = ops.lib
         self._fn = kernels.decoder_layers
         layers = (_Layer * spec.layers)()
         for i, (lw, cl) in enumerate(zip(weights.layers, layers)):
             for name in ("qkv", "o", "gate_up", "down"):
-                setattr(cl, name, self._linear(getattr(lw, name), BlockWeight, Concat))
+                setattr(cl, name, self._linear(getattr(lw, name)))
             cl.qkv_bias = _tensor(lw.qkv_bias, spec.q_rows + 2 * spec.kv_rows)
             cl.q_norm, cl.k_norm = _tensor(lw.q_norm, spec.head_dim), _tensor(lw.k_norm, spec.head_dim)
             cl.post_attn_norm = _tensor(lw.post_attn_norm, spec.hidden)
@@ -84,10 +78,10 @@ class NativeLayers:
                     raise ValueError(f"layer {i}'s {name} is [{getattr(cl, name).out}, {getattr(cl, name).inner}], "
                                      f"not [{out}, {inner}]")
         self._layers = layers
-        gated = {SILU: kernels.silu_mul, GELU_TANH: kernels.gelu_tanh_mul}[spec.activation]
+        gated = ops.gated_kernel(spec.activation)
         self._decoder = _Decoder(spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.ffn,
                                  spec.norm_eps, spec.scale, int(spec.rope_layout == INTERLEAVED),
-                                 _address(kernels.attention), _address(gated),
+                                 function_address(kernels.attention), function_address(gated),
                                  _tensor(weights.layers[0].attn_norm, spec.hidden), ctypes.addressof(layers))
 
     @classmethod
@@ -98,30 +92,20 @@ class NativeLayers:
             return None, "the torch op backend"
         if spec.head_dim % 2:
             return None, f"an odd head size ({spec.head_dim})"
-        if spec.activation not in (SILU, GELU_TANH):
+        if ops.gated_kernel(spec.activation) is None:
             return None, f"the activation {spec.activation}"
         try:
             return cls(spec, weights, ops, rope), ""
         except ValueError as e:
             return None, str(e)
 
-    def _linear(self, weight, block_weight, concat) -> _Linear:
-        """The kernel call quant.QuantWeight.matmul / quant.SideBySide.matmul makes for ``weight``."""
-        if isinstance(weight, block_weight):
-            q = weight.blocks
-            if q.x8 is not None:
-                return _Linear(ONE_X8, q._type, 1, _address(q._kernels.gemm_q8x8), q.x8.ctypes.data, 0, q.out, q.inner)
-            return _Linear(ONE, q._type, 1, _address(q._gemm), q._w, q._ldw, q.out, q.inner)
-        side = getattr(weight, "_side", None) if isinstance(weight, concat) else None
-        if side is None:
+    @staticmethod
+    def _linear(weight) -> _Linear:
+        """The kernel call the weight's own matmul makes (``Weight.kernel_call``)."""
+        call = weight.kernel_call()
+        if call is None:
             raise ValueError(f"a weight the C GEMMs do not read as one ({type(weight).__name__} {weight.kind})")
-        self._keep.append(side._arrays)
-        arrays = [ctypes.addressof(a) for a in side._arrays]
-        if side._gemm_parts is side._kernels.gemm_parts_q8x8:          # (kinds, x8 copies, outs)
-            return _Linear(PARTS_X8, 0, len(side.parts), _address(side._gemm_parts), arrays[1], 0, side.out,
-                           side.inner, arrays[0], None, arrays[2])
-        return _Linear(PARTS, 0, len(side.parts), _address(side._gemm_parts), arrays[1], 0, side.out, side.inner,
-                       arrays[0], arrays[2], arrays[3])                # (kinds, blocks, row bytes, outs)
+        return _Linear(**call)
 
     def run(self, segments: Sequence[tuple], x: torch.Tensor, h: torch.Tensor, rope) -> None:
         """``segments``: (cache, first position, first row, rows) a session's block; ``x`` [rows, hidden] the

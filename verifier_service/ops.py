@@ -163,8 +163,12 @@ class NativeOps(TorchOps):
         self.lib.rope_store(*args, interleaved=int(layout == INTERLEAVED))
         return q
 
+    def gated_kernel(self, activation: str):
+        """The C product act(gate) * up for ``activation`` (SiLU, GELU-tanh), or None."""
+        return {SILU: self.lib.silu_mul, GELU_TANH: self.lib.gelu_tanh_mul}.get(activation)
+
     def gated(self, gate_up, activation):
-        kernel = {SILU: self.lib.silu_mul, GELU_TANH: self.lib.gelu_tanh_mul}.get(activation)
+        kernel = self.gated_kernel(activation)
         if kernel is None:
             return super().gated(gate_up, activation)
         n, width = gate_up.shape

@@ -59,6 +59,15 @@ def row_bytes(kind: str, inner: int) -> int:
     return inner // block * size
 
 
+# The forms of a GEMM entry point, as kernels/decoder_layers.c calls them (kernel_call)
+LINEAR_ONE, LINEAR_ONE_X8, LINEAR_PARTS, LINEAR_PARTS_X8 = range(4)
+
+
+def function_address(fn) -> int:
+    """The address of a ctypes function (to pass to C code that calls it)."""
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -139,6 +148,15 @@ class QuantWeight:
             raise RuntimeError(f"the {self.isa} GEMM refused {self.kind} [{self.out}, {self.inner}]")
         return y
 
+    def kernel_call(self) -> dict:
+        """The call ``matmul`` makes, for C callers (native_layers.py): the entry point's form and address and
+        its weight arguments (the fields of kernels/decoder_layers.c's tq_linear)."""
+        if self.x8 is not None:
+            return dict(form=LINEAR_ONE_X8, kind=self._type, parts=1, out=self.out, inner=self.inner,
+                        fn=function_address(self._kernels.gemm_q8x8), w=self.x8.ctypes.data)
+        return dict(form=LINEAR_ONE, kind=self._type, parts=1, out=self.out, inner=self.inner,
+                    fn=function_address(self._gemm), w=self._w, ldw=self._ldw)
+
     def rows(self, ids: Sequence[int] | np.ndarray | torch.Tensor | None) -> torch.Tensor:
         """The exact fp32 weights of rows ``ids`` [len(ids), inner] (None: every row)."""
         if ids is None:
@@ -203,7 +221,8 @@ class SideBySide:
         self.parts, self.inner, self.out = list(parts), parts[0].inner, sum(p.out for p in parts)
         self._kernels = parts[0]._kernels
         kinds, outs = (ctypes.c_int * n)(*(p._type for p in parts)), (ctypes.c_int64 * n)(*(p.out for p in parts))
-        if all(p.x8 is not None for p in parts):
+        self._x8 = all(p.x8 is not None for p in parts)
+        if self._x8:
             self._gemm_parts = self._kernels.gemm_parts_q8x8
             self._arrays = (kinds, (ctypes.c_void_p * n)(*(p.x8.ctypes.data for p in parts)), outs)
         else:
@@ -221,6 +240,15 @@ class SideBySide:
                                     torch.get_num_threads()):
             raise RuntimeError(f"the {self._kernels.isa} GEMM refused " + ", ".join(p.kind for p in self.parts))
         return y
+
+    def kernel_call(self) -> dict:
+        """The call ``matmul`` makes, for C callers (as QuantWeight.kernel_call; the arrays live as long as this)."""
+        kinds, ws, *rest = (ctypes.addressof(a) for a in self._arrays)
+        call = dict(parts=len(self.parts), fn=function_address(self._gemm_parts), w=ws, out=self.out,
+                    inner=self.inner, kinds=kinds)
+        if self._x8:                                  # (kinds, x8 copies, outs)
+            return dict(call, form=LINEAR_PARTS_X8, outs=rest[0])
+        return dict(call, form=LINEAR_PARTS, ldws=rest[0], outs=rest[1])      # (kinds, blocks, row bytes, outs)
 
 
 class Ops:

@@ -60,6 +60,11 @@ class Weight(nn.Module):
     def kinds(self) -> list[str]:
         return [self.kind]
 
+    def kernel_call(self) -> dict | None:
+        """The one C kernel call that multiplies blocks of up to WIDE_ROWS rows by this weight
+        (``quant.QuantWeight.kernel_call``), or None where there is none (fp32 weights, mixed parts)."""
+        return None
+
 
 class DenseWeight(Weight):
     """An fp32 weight [out, in]; ``linear`` is an ``nn.Linear`` that ``fast_linear`` may replace by a FastLinear."""
@@ -121,6 +126,9 @@ class BlockWeight(Weight):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.blocks.rows(ids.numpy())
 
+    def kernel_call(self) -> dict:
+        return self.blocks.kernel_call()
+
     @property
     def nbytes(self) -> int:
         return self.blocks.nbytes
@@ -143,6 +151,9 @@ class Concat(Weight):
 
     def kinds(self) -> list[str]:
         return [k for p in self.parts for k in p.kinds()]
+
+    def kernel_call(self) -> dict | None:
+        return None if self._side is None else self._side.kernel_call()
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self._side is not None and x.shape[0] <= WIDE_ROWS:
