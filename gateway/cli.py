@@ -128,9 +128,8 @@ async def run(args) -> int:
         print(f"[tandem] gateway: OpenAI-compatible API on {http.url}/v1, chat page on {http.url}/", flush=True,
               file=sys.stderr)
     service = await start_gateway(gateway, args.host, args.port, interceptors=tracing.server_interceptors())
-    if verifier is not None:
-        verifier.serve_metrics(None if args.metrics_port is None else args.metrics_port + 1 if args.metrics_port
-                               else 0, args.host)
+    if verifier is not None and args.metrics_port is not None:        # beside the gateway's, as tandem up numbers them
+        verifier.serve_metrics(args.metrics_port + 1 if args.metrics_port else 0, args.host)
     try:
         return await serve_until_stopped(service, "gateway", args, tracing, on_stop=http.stop if http else None)
     finally:

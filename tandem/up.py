@@ -124,9 +124,9 @@ def _label(kind: str, spec: str | None) -> str:
 
 
 def start_cluster(args) -> Cluster:
-    """Starts the drafter and the gateway (with the target, or a separate verifier) and waits until all are healthy. Raises ValueError on bad
-    CPU lists and PortInUse (a ValueError) on a port in use before starting any; PortInUse, StartupFailed or
-    TimeoutError if one cannot start (the others are stopped then)."""
+    """Starts the drafter and the gateway (with the target, or a separate verifier) and waits until all are
+    healthy. Raises ValueError on bad CPU lists and PortInUse (a ValueError) on a port in use before starting
+    any; PortInUse, StartupFailed or TimeoutError if one cannot start (the others are stopped then)."""
     v_cpus = getattr(args, "verifier_cpus", None)
     d_cpus = getattr(args, "drafter_cpus", None)
     for name, spec in (("verifier", v_cpus), ("drafter", d_cpus)):
