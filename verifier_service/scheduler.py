@@ -288,10 +288,7 @@ class Scheduler:
             work, ahead = work
             queued = tuple((t0 - w.submitted) * 1e3 for w in work)
             rows = sum(w.rows for w in work) + len(ahead)
-            if ahead:
-                self.runner.run_verify(work, ahead)
-            else:
-                self.runner.run_verify(work)
+            self.runner.run_verify(work, ahead)
             t1 = self.clock()
             ms = (t1 - t0) * 1e3
             with self._cond:

@@ -28,7 +28,7 @@ class FortyMsForward(Runner):
     def __init__(self, clock: Clock):
         self.clock = clock
 
-    def run_verify(self, batch):
+    def run_verify(self, batch, ahead=()):
         self.clock.t += 0.040
         for work in batch:
             work.future.set_result(None)
@@ -92,8 +92,8 @@ class ClientQuickerThanTheLock(FortyMsForward):
         super().__init__(clock)
         self.scheduler_of = scheduler_of
 
-    def run_verify(self, batch):
-        super().run_verify(batch)
+    def run_verify(self, batch, ahead=()):
+        super().run_verify(batch, ahead)
         for work in batch:
             come_back(self.scheduler_of(), work.session)
 
