@@ -244,7 +244,7 @@ class Decoder:
             x = x * torch.tensor(s.embed_scale, dtype=torch.float32)
         x = x.contiguous()
         h = torch.empty_like(x)
-        if self.native_layers is not None and row <= WIDE_ROWS and all(a == ops.attend_rows for *_, a in segments):
+        if self.native_layers is not None and row <= WIDE_ROWS and all(self._row_by_row(n) for *_, n, _ in segments):
             self.native_layers.run([seg[:4] for seg in segments], x, h, self.rope)   # the loop below, in C
         else:
             self._layers(segments, x, h)
