@@ -55,12 +55,13 @@ def model_flags(p) -> None:
     flag(p, "batch-wait-ms", -1.0, float, help="how long a verify forward may wait for sessions of the previous one "
          "to send their next block, so that they share it; it goes as soon as all are back (-1: a quarter of the "
          "last verify forward's time; 0: never wait, whoever is waiting goes)")
-    flag(p, "ahead-rows", "auto", help="'on': while a session's reply crosses the wire and its next block is "
+    flag(p, "ahead-rows", "off", help="'on': while a session's reply crosses the wire and its next block is "
          "prepared, compute the row that block starts with (the pending token: the last token emitted), so a plain "
          "step needs no forward when it arrives and a draft block only its drafted rows (exact rows only: the row "
          "is bit-identical either way). It pays where that forward runs on otherwise idle cores, and costs where "
-         "it competes with the gateway for them. 'auto' (default): on when --threads leaves a CPU of this process "
-         "free; 'off': every block's rows in its own forward")
+         "it competes with the gateway for them; a round with drafts then pays two forwards, so auto speculation "
+         "drafts little. 'auto': on when --threads leaves a CPU of this process free; 'off' (default): every "
+         "block's rows in its own forward")
     flag(p, "omp-spincount", DEFAULT_SPINCOUNT, int, help="how long an idle OpenMP worker busy-waits for the next "
          "parallel region before it sleeps (GOMP_SPINCOUNT, iterations; a forward runs ~250 regions a few us apart). "
          "Short by default: after a forward the workers leave the cores at once to the gRPC threads, the gateway "
