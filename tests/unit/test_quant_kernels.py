@@ -329,6 +329,22 @@ def test_int8_rows_are_exact_and_the_same_on_every_path(gguf_weights, which):
                                                               activations="int4")
 
 
+@pytest.mark.parametrize("which", ISAS)
+def test_int8_output_columns_do_not_depend_on_the_weight_around_them(gguf_weights, which):
+    """The first 13 rows of a weight (not a multiple of the 8 weight rows a pass takes, so no x8 copy) give
+    the first 13 columns of the whole weight's product bit for bit, bias included: each output is its own
+    weight row's arithmetic, whatever rows share its pass or layout."""
+    x = torch.randn(6, INNER, generator=torch.Generator().manual_seed(8))
+    bias = torch.randn(OUT, generator=torch.Generator().manual_seed(9))
+    for kind in INT8_KINDS:
+        raw, _ = gguf_weights[kind]
+        whole = QuantWeight(kind, raw, OUT, INNER, isa=which, activations="int8")
+        part = QuantWeight(kind, np.ascontiguousarray(raw[:13]), 13, INNER, isa=which, activations="int8")
+        assert part.x8 is None
+        for width in (1, 3, 6):
+            assert torch.equal(part.matmul(x[:width], bias[:13]), whole.matmul(x[:width], bias)[:, :13]), (kind, width)
+
+
 # ---- attention and glue ------------------------------------------------------------------------------
 def attention_reference(q, kv, start, scale, window):
     """Row i attends to positions max(0, p + 1 - window)..p, p = start + i, in float64."""

@@ -16,12 +16,15 @@
        none), so that weight j = scale * w_j + m as quants.h rebuilds it:
        Q4_0 d, q - 8 | Q4_1 d, q, m | Q5_0 d, q - 16 | Q5_1 d, q, m | Q8_0 d, q |
        Q4_K/Q5_K d * sc, q, -(dmin * m) | Q6_K d * sc (per 16), q - 32.
-     eight fp32 lanes acc[0..7] and one fp32 msum, all 0; for each chunk in order, with x block b under it:
-       lane l (weights 4l..4l+3):  L = sum of w_j q_j (exact int32);  acc[l] = fma(scale_l * d_b, (float) L, acc[l])
+     one fp32 acc and one fp32 msum, both 0; for each chunk in order, with x block b under it:
+       per scale of the chunk (one for weights 0-31; Q6_K: one for weights 0-15, then one for 16-31):
+         L = sum of w_j q_j over the weights of that scale (exact int32);  acc = fma(scale * d_b, (float) L, acc)
        msum = fma(m, s_b, msum)            (kinds with an offset only)
-     y = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7)) + msum (+ bias).
+     y = (acc + msum) (+ bias).
    Every integer is exact and every fp32 operation is one IEEE rounding in a fixed order, so a row's result
-   does not depend on the ISA, the block width or the thread count (exact rows).
+   does not depend on the ISA, the block width or the thread count (exact rows). One product per chunk (a
+   row's 32 integer products summed before any rounding, as llama.cpp sums a block) is what lets the x8
+   kernel below keep one accumulator a row and so run several rows of x through each weight load.
 
    F32/F16/BF16 weights have no int8 form here: they stay on the fp32 GEMM (callers choose per weight).
 
@@ -38,9 +41,10 @@ static inline int tq_q8_has_offset(int kind) {
     return kind == TQ_Q4_1 || kind == TQ_Q5_1 || kind == TQ_Q4_K || kind == TQ_Q5_K;
 }
 
-/* Row r of x rounded as above: q [inner] int8, d and s [inner / 32]. Plain C on every ISA (each a single
-   IEEE operation or an exact one, so vectorised or not the bits are these). */
-static inline void tq_q8_quantize_row(const float *x, int64_t inner, int8_t *q, float *d, float *s) {
+/* Row r of x rounded as above: q [inner] int8, d, s and t [inner / 32] (t: the integer sum of each block's q,
+   which the x8 kernel uses to read Q4_0's nibbles unsigned). Plain C on every ISA (each a single IEEE
+   operation or an exact one, so vectorised or not the bits are these). */
+static inline void tq_q8_quantize_row(const float *x, int64_t inner, int8_t *q, float *d, float *s, int32_t *t) {
     for (int64_t b = 0; b < inner / 32; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
@@ -59,13 +63,14 @@ static inline void tq_q8_quantize_row(const float *x, int64_t inner, int8_t *q, 
         }
         d[b] = db;
         s[b] = db * (float)sum;
+        t[b] = sum;
     }
 }
 
 /* ---- 8 weight rows interleaved (the "x8" layout) ---------------------------------------------------------
    Q4_0, Q4_1, Q8_0 and Q4_K weights may also be read from a copy in which 8 weight rows are interleaved, so that
    one 32-byte load holds 4 consecutive weights of each of 8 rows and one vector of accumulators holds
-   lane l of 8 outputs: the same integer lanes, the same FMAs and the same additions per output as above
+   8 outputs: the same integer sums, the same FMAs and the same additions per output as above
    (bit-identical results), with the weight decoding and the scale conversions shared by 8 rows. Group g
    (weight rows 8g..8g+7) is nb = inner / 32 chunks of tq_q8x8_chunk_bytes(kind) bytes, chunk b:
      d[8] (fp16, row c's block b scale), then for Q4_1 m[8] (fp16), then

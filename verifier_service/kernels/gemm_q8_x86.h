@@ -1,17 +1,15 @@
 /* The int8-activation GEMM (gemm_q8.h) with AVX2 integer multiply-adds; built for the avx2 path
    (gemm_q8_avx2.c) and, unchanged, for the avx512 path (gemm_q8_avx512.c). Reference: gemm_q8_generic.c.
+   Kinds without the x8 layout (Q5_0, Q5_1, Q5_K, Q6_K) run here, and the others where a weight has no x8
+   copy.
 
    A chunk's 32 integer weights sit in one register in weight order (nibbles: low ones are weights 0-15,
    high ones 16-31). Per row of x: vpmaddubsw multiplies unsigned weight bytes by the signed x bytes and adds
    pairs (int16, no saturation: at most 31 * 127 * 2, or 128 * 127 * 2 for signed weights, which go in as
    |w| against x carrying w's sign), vpmaddwd with ones adds pairs again: int32 lane l = weights 4l..4l+3,
-   exact. One conversion and one FMA into the row's accumulator, the offset term by a scalar FMA: the
-   arithmetic of gemm_q8.h, operation for operation.
-
-   Up to ROWS rows of x share each chunk's weight register. One weight row at a time: tiles of 2-4 weight
-   rows (independent FMA chains, one x load for several columns) measured slower at every width on Zen 3,
-   as did two accumulators a row, and a software prefetch made no difference (at 2 threads the width-1
-   GEMV streams the weights at about the rate this host's memory gives one process). */
+   exact. Eight weight rows at a time: their eight lane vectors reduce (vphaddd) to one vector holding each
+   row's sum per scale, so one conversion and one FMA carry 8 outputs per chunk: the arithmetic of gemm_q8.h,
+   operation for operation. Up to ROWS rows of x share each chunk's weight registers. */
 #include <immintrin.h>
 
 #include "gemm_q8.h"
@@ -20,6 +18,7 @@
 #ifndef ROWS
 #define ROWS 4
 #endif
+#define OUTS 8
 
 /* 32 bits -> 32 bytes, 0x10 where the bit is set (the fifth bit of Q5_0/Q5_1 weight j is bit j of qh). */
 static inline __m256i q8_fifth_bits(uint32_t qh) {
@@ -36,13 +35,6 @@ static inline __m256i q8_nibbles(const uint8_t *qs) {
     const __m128i m = _mm_set1_epi8(0x0F);
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
 }
-
-/* The chunk's integer dot products with an x block, as 8 fp32 lanes (exact). */
-#define Q8_LANES(wv, is_signed, xv)                                                                          \
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(                                                                  \
-        (is_signed) ? _mm256_maddubs_epi16(_mm256_sign_epi8((wv), (wv)), _mm256_sign_epi8((xv), (wv)))   \
-                    : _mm256_maddubs_epi16((wv), (xv)),                                                   \
-        _mm256_set1_epi16(1)))
 
 static inline int q8_signed(int kind) { return kind == TQ_Q4_0 || kind == TQ_Q5_0 || kind == TQ_Q8_0 || kind == TQ_Q6_K; }
 
@@ -96,39 +88,62 @@ static inline __attribute__((always_inline)) __m256i q8_chunk(int kind, const ui
     }
 }
 
-/* Rows r0..r0+N-1 of x against weight row o (w: its first byte). */
+/* 8 vectors of int32 lanes (weight row i's products with an x block in p[i], lane l = weights 4l..4l+3) ->
+   lo: lane i = row i's sum over weights 0-15, hi: over 16-31. Integer sums: exact in any order. */
+static inline void q8_row_sums(const __m256i *p, __m256i *lo, __m256i *hi) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    *lo = _mm256_permute2x128_si256(a, b, 0x20);
+    *hi = _mm256_permute2x128_si256(a, b, 0x31);
+}
+
+/* Rows r0..r0+N-1 of x against weight rows o..o+m-1 (w: row o's first byte, ldw: bytes a row), 8 weight rows
+   a pass: per chunk, each row's integer products reduce to one exact sum per scale, and one FMA carries the
+   8 outputs' accumulators (gemm_q8.h's single accumulator a row, in chunk order). */
 static inline __attribute__((always_inline)) void q8_rows_times_row(int kind, int N, const int8_t *xq, const float *xd,
                                                                     const float *xs, int64_t inner, const uint8_t *w,
-                                                                    const float *bias, float *y, int64_t ldy, int64_t r0,
-                                                                    int64_t o) {
-    __m256 acc[ROWS];
-    float msum[ROWS];
-    for (int r = 0; r < N; r++) {
-        acc[r] = _mm256_setzero_ps();
-        msum[r] = 0.0f;
-    }
+                                                                    int64_t ldw, int m, const float *bias, float *y,
+                                                                    int64_t ldy, int64_t r0, int64_t o) {
+    __m256 acc[ROWS], msum[ROWS];
+    for (int r = 0; r < N; r++) acc[r] = msum[r] = _mm256_setzero_ps();
     const int bb = tq_block_bytes(kind), per = tq_block_weights(kind) / 32, has_m = tq_q8_has_offset(kind);
     const int sgn = q8_signed(kind);
     const int64_t nb = inner / 32, blocks = inner / tq_block_weights(kind);
+    const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < blocks; b++) {
         for (int k = 0; k < per; k++) {
             const int64_t xb = b * per + k;                      /* the x block under chunk k of block b */
-            float s0, s1, m = 0.0f;
-            const __m256i wv = q8_chunk(kind, w + b * bb, k, &s0, &s1, &m);
+            __m256i wv[8], aw[8];
+            float s0[8], s1[8], mo[8];
+            for (int i = 0; i < 8; i++) {
+                s0[i] = s1[i] = mo[i] = 0.0f;
+                wv[i] = i < m ? q8_chunk(kind, w + i * ldw + b * bb, k, &s0[i], &s1[i], &mo[i]) : _mm256_setzero_si256();
+                aw[i] = sgn ? _mm256_sign_epi8(wv[i], wv[i]) : wv[i];
+            }
+            const __m256 S0 = _mm256_loadu_ps(s0), S1 = _mm256_loadu_ps(s1), MO = _mm256_loadu_ps(mo);
             for (int r = 0; r < N; r++) {
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (r0 + r) * inner + 32 * xb));
-                const float dx = xd[(r0 + r) * nb + xb];
-                const __m256 sc = kind != TQ_Q6_K ? _mm256_set1_ps(s0 * dx)
-                                                  : _mm256_setr_m128(_mm_set1_ps(s0 * dx), _mm_set1_ps(s1 * dx));
-                acc[r] = _mm256_fmadd_ps(sc, Q8_LANES(wv, sgn, xv), acc[r]);
-                if (has_m) msum[r] = fmaf(m, xs[(r0 + r) * nb + xb], msum[r]);
+                __m256i pr[8], lo, hi;
+                for (int i = 0; i < 8; i++)
+                    pr[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[i], sgn ? _mm256_sign_epi8(xv, wv[i]) : xv), ones);
+                q8_row_sums(pr, &lo, &hi);
+                const __m256 dx = _mm256_set1_ps(xd[(r0 + r) * nb + xb]);
+                if (kind == TQ_Q6_K) {
+                    acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(S0, dx), _mm256_cvtepi32_ps(lo), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(S1, dx), _mm256_cvtepi32_ps(hi), acc[r]);
+                } else {
+                    acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(S0, dx), _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), acc[r]);
+                }
+                if (has_m) msum[r] = _mm256_fmadd_ps(MO, _mm256_set1_ps(xs[(r0 + r) * nb + xb]), msum[r]);
             }
         }
     }
+    float bm[8] = {0.0f};
+    for (int i = 0; i < m && bias; i++) bm[i] = bias[o + i];
+    const __m256 b8 = _mm256_loadu_ps(bm);
     for (int r = 0; r < N; r++) {
-        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        const float s = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
-        y[(r0 + r) * ldy + o] = (s + msum[r]) + (bias ? bias[o] : 0.0f);
+        float out[8];
+        _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(acc[r], msum[r]), b8));
+        for (int i = 0; i < m; i++) y[(r0 + r) * ldy + o + i] = out[i];
     }
 }

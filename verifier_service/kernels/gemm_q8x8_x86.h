@@ -1,98 +1,152 @@
 /* The int8-activation GEMM on the x8 layout (gemm_q8.h: 8 weight rows interleaved) for Q4_0, Q4_1, Q8_0
    and Q4_K, x86 paths. Per 32-weight chunk: one conversion gives the 8 rows' scales, and per lane l one
    32-byte load gives weights 4l..4l+3 of the 8 rows; x's 4 bytes 4l..4l+3 are broadcast to every lane, so
-   vpmaddubsw + vpmaddwd give lane l's exact integer sum for the 8 rows at once, and accumulator A[l]
-   holds lane l of 8 outputs. The per-output operations are gemm_q8.h's, in its order, so each y[r, o]
-   is bit-identical to the one-row-at-a-time kernel (and to gemm_q8_generic.c). Rows of x one at a time
-   (8 accumulators a row; the group's chunks stay in L1 between rows).
+   vpmaddubsw gives each row's products in pairs (int16) and the chunk's pairs add up in int16 (Q8_0: in
+   int32 after vpmaddwd) into one exact integer per row and chunk: then one conversion and one FMA per chunk
+   for 8 outputs (gemm_q8.h's arithmetic, so each y[r, o] is bit-identical to gemm_q8_x86.h's kernel and to
+   gemm_q8_generic.c). No overflow: a nibble pair is at most 2 * 15 * 127 = 3 810 and a chunk's 16 pairs
+   30 480; a Q8_0 pair at most 2 * 128 * 127 = 32 512.
+
+   Q4_0's nibbles go in unsigned (no sign instructions): sum (q - 8) x = sum q x - 8 sum x, with sum x the
+   x block's integer sum (q8_rows.t). Up to ROWS_X8 rows of x share each chunk's loads and unpacking, one
+   accumulator (and one offset sum) each; the group's chunks stay in L1 between passes.
 
    Included after gemm_q8_dispatch.h (for q8_quantize) by gemm_q8_<x86 isa>.c, which names the entry
    points TQ_GEMM_Q8X8_NAME and TQ_GEMM_PARTS_Q8X8_NAME. */
 
-/* gemm_q8.h's sum of the lanes, for 8 outputs at once: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) + msum. */
-static inline __m256 q8x8_total(const __m256 *A, __m256 MS) {
-    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A[0], A[4]), _mm256_add_ps(A[2], A[6])),
-                                       _mm256_add_ps(_mm256_add_ps(A[1], A[5]), _mm256_add_ps(A[3], A[7]))), MS);
+#define ROWS_X8 4
+
+/* Keeps a running integer sum in its register where it is: without it gcc reassociates the chunk's adds into
+   a tree over all products at once, which spills them to the stack (integer sums: the same value). Not
+   where the intrinsics are emulated (no AVX2 registers: the tests' SIMDe build). */
+#ifdef __AVX2__
+#define Q8X8_KEEP(v) __asm__("" : "+x"(v))
+#else
+#define Q8X8_KEEP(v) ((void)0)
+#endif
+
+/* 8 outputs of rows r0..r0+N-1 of x: (acc + msum) + bias, as gemm_q8.h ends a row. */
+static inline __attribute__((always_inline)) void q8x8_store(int N, const __m256 *acc, const __m256 *ms,
+                                                             const float *bias, float *y, int64_t ldy) {
+    const __m256 b8 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+    for (int r = 0; r < N; r++) _mm256_storeu_ps(y + r * ldy, _mm256_add_ps(_mm256_add_ps(acc[r], ms[r]), b8));
 }
 
-/* Q4_K: row r against group g, per super-block: the 8 rows' d * sc and -(dmin * m) of each chunk from the
-   unpacked bytes (the products quants.h's tq_k4_decode makes), then chunk pairs from one byte array. */
-static inline __attribute__((always_inline)) __m256 q8x8_q4_k_row(const int8_t *xq, const float *xd, const float *xs,
-                                                                  int64_t inner, const uint8_t *p) {
-    const __m256i nib = _mm256_set1_epi8(0x0F);
-    __m256 A[8], MS = _mm256_setzero_ps();
-    for (int l = 0; l < 8; l++) A[l] = _mm256_setzero_ps();
+/* Q4_0, Q4_1, Q8_0: rows r0..r0+N-1 of x against group g (p: its first byte): y[r, o..o+7]. */
+static inline __attribute__((always_inline)) void q8x8_legacy_rows(int kind, int N, const q8_rows *xr, int64_t r0,
+                                                                   int64_t inner, const uint8_t *p,
+                                                                   const float *bias, float *y, int64_t ldy) {
+    const int64_t nb = inner / 32, cb = tq_q8x8_chunk_bytes(kind);
+    const int qs_at = tq_q8x8_qs_offset(kind);
+    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const int32_t *x4[ROWS_X8];
+    __m256 acc[ROWS_X8], ms[ROWS_X8];
+    for (int r = 0; r < N; r++) acc[r] = ms[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *c8 = p + b * cb;
+        for (int r = 0; r < N; r++) x4[r] = (const int32_t *)(xr->q + (r0 + r) * inner + 32 * b);
+        __m256i L[ROWS_X8];
+        if (kind == TQ_Q8_0) {
+            for (int r = 0; r < N; r++) L[r] = _mm256_setzero_si256();
+            for (int l = 0; l < 8; l++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(c8 + qs_at + 32 * l));
+                const __m256i aw = _mm256_sign_epi8(w, w);              /* |w|, x carrying w's sign */
+                for (int r = 0; r < N; r++) {
+                    L[r] = _mm256_add_epi32(L[r], _mm256_madd_epi16(_mm256_maddubs_epi16(
+                               aw, _mm256_sign_epi8(_mm256_set1_epi32(x4[r][l]), w)), ones));
+                    Q8X8_KEEP(L[r]);
+                }
+            }
+        } else {
+            __m256i s[ROWS_X8];
+            for (int r = 0; r < N; r++) s[r] = _mm256_setzero_si256();
+            for (int l = 0; l < 4; l++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(c8 + qs_at + 32 * l));
+                const __m256i lo = _mm256_and_si256(q, nib), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
+                for (int r = 0; r < N; r++) {
+                    s[r] = _mm256_add_epi16(s[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4[r][l])),
+                                                                   _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4[r][l + 4]))));
+                    Q8X8_KEEP(s[r]);
+                }
+            }
+            for (int r = 0; r < N; r++) {
+                L[r] = _mm256_madd_epi16(s[r], ones);
+                if (kind == TQ_Q4_0) L[r] = _mm256_sub_epi32(L[r], _mm256_set1_epi32(8 * xr->t[(r0 + r) * nb + b]));
+            }
+        }
+        const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)c8));
+        for (int r = 0; r < N; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(D, _mm256_set1_ps(xr->d[(r0 + r) * nb + b])),
+                                     _mm256_cvtepi32_ps(L[r]), acc[r]);
+        if (kind == TQ_Q4_1) {
+            const __m256 M = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(c8 + 16)));
+            for (int r = 0; r < N; r++) ms[r] = _mm256_fmadd_ps(M, _mm256_set1_ps(xr->s[(r0 + r) * nb + b]), ms[r]);
+        }
+    }
+    q8x8_store(N, acc, ms, bias, y + r0 * ldy, ldy);
+}
+
+/* Q4_K: rows r0..r0+N-1 of x against group g, per super-block: the offsets -(dmin * m) of its 8 chunks,
+   then chunk pairs from one byte array (low nibbles: chunk 2pr, high: 2pr + 1), each chunk's 8 rows'
+   d * sc (the products quants.h's tq_k4_decode makes) times d_b. */
+static inline __attribute__((always_inline)) void q8x8_q4_k_rows(int N, const q8_rows *xr, int64_t r0, int64_t inner,
+                                                                 const uint8_t *p, const float *bias, float *y,
+                                                                 int64_t ldy) {
+    const int64_t nb = inner / 32;
+    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc[ROWS_X8], ms[ROWS_X8];
+    for (int r = 0; r < N; r++) acc[r] = ms[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < inner / QK_K; b++) {
         const uint8_t *s8 = p + b * 8 * tq_q8x8_chunk_bytes(TQ_Q4_K);
         const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s8));
         const __m256 DM = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s8 + 16)));
         for (int k = 0; k < 8; k++) {                    /* the offsets, in chunk order */
             const __m256 m = _mm256_mul_ps(DM, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s8 + 96 + 8 * k)))));
-            MS = _mm256_fmadd_ps(_mm256_xor_ps(m, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(xs[8 * b + k]), MS);
+            const __m256 neg = _mm256_xor_ps(m, _mm256_set1_ps(-0.0f));
+            for (int r = 0; r < N; r++) ms[r] = _mm256_fmadd_ps(neg, _mm256_set1_ps(xr->s[(r0 + r) * nb + 8 * b + k]), ms[r]);
         }
-        for (int pr = 0; pr < 4; pr++) {
-            const int64_t x0 = 8 * b + 2 * pr, x1 = x0 + 1;          /* x blocks under chunks 2pr, 2pr + 1 */
-            const __m256 S0 = _mm256_mul_ps(_mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                  _mm_loadl_epi64((const __m128i *)(s8 + 32 + 8 * (2 * pr)))))), _mm256_set1_ps(xd[x0]));
-            const __m256 S1 = _mm256_mul_ps(_mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                  _mm_loadl_epi64((const __m128i *)(s8 + 32 + 8 * (2 * pr + 1)))))), _mm256_set1_ps(xd[x1]));
-            const int32_t *xa = (const int32_t *)(xq + 32 * x0), *xb = (const int32_t *)(xq + 32 * x1);
+        for (int c = 0; c < 8; c++) {                    /* chunk c: the low (c even) or high nibbles of pair c / 2 */
+            const __m256 SC = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                  _mm_loadl_epi64((const __m128i *)(s8 + 32 + 8 * c)))));
+            const int64_t xb = 8 * b + c;
+            __m256i s[ROWS_X8];
+            for (int r = 0; r < N; r++) s[r] = _mm256_setzero_si256();
             for (int l = 0; l < 8; l++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(s8 + 160 + 32 * (8 * pr + l)));
-                const __m256i lo = _mm256_and_si256(q, nib), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
-                A[l] = _mm256_fmadd_ps(S0, Q8_LANES(lo, 0, _mm256_set1_epi32(xa[l])), A[l]);
-                A[l] = _mm256_fmadd_ps(S1, Q8_LANES(hi, 0, _mm256_set1_epi32(xb[l])), A[l]);
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(s8 + 160 + 32 * (8 * (c / 2) + l)));
+                const __m256i w = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(q, 4) : q, nib);
+                for (int r = 0; r < N; r++) {
+                    s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(w, _mm256_set1_epi32(
+                               ((const int32_t *)(xr->q + (r0 + r) * inner + 32 * xb))[l])));
+                    Q8X8_KEEP(s[r]);
+                }
             }
+            for (int r = 0; r < N; r++)
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(SC, _mm256_set1_ps(xr->d[(r0 + r) * nb + xb])),
+                                         _mm256_cvtepi32_ps(_mm256_madd_epi16(s[r], ones)), acc[r]);
         }
     }
-    return q8x8_total(A, MS);
+    q8x8_store(N, acc, ms, bias, y + r0 * ldy, ldy);
 }
 
-/* Row r of the rounded x against group g (8 weight rows; p: the group's first byte): y[r, o..o+7]. */
-static inline __attribute__((always_inline)) void q8x8_group_row(int kind, const int8_t *xq, const float *xd,
-                                                                 const float *xs, int64_t inner, const uint8_t *p,
-                                                                 const float *bias, float *y) {
-    const __m256 b8 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
-    if (kind == TQ_Q4_K) {
-        _mm256_storeu_ps(y, _mm256_add_ps(q8x8_q4_k_row(xq, xd, xs, inner, p), b8));
-        return;
-    }
-    const int64_t nb = inner / 32, cb = tq_q8x8_chunk_bytes(kind);
-    const int sgn = kind != TQ_Q4_1, lanes = tq_q8x8_lanes(kind), qs_at = tq_q8x8_qs_offset(kind);
-    const __m256i nib = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
-    __m256 A[8], MS = _mm256_setzero_ps();
-    for (int l = 0; l < 8; l++) A[l] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *c8 = p + b * cb;
-        const int32_t *x4 = (const int32_t *)(xq + 32 * b);
-        const __m256 S = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)c8)), _mm256_set1_ps(xd[b]));
-        if (kind == TQ_Q4_1)
-            MS = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(c8 + 16))), _mm256_set1_ps(xs[b]), MS);
-        for (int l = 0; l < lanes; l++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(c8 + qs_at + 32 * l));
-            if (kind == TQ_Q8_0) {
-                A[l] = _mm256_fmadd_ps(S, Q8_LANES(q, 1, _mm256_set1_epi32(x4[l])), A[l]);
-                continue;
-            }
-            __m256i lo = _mm256_and_si256(q, nib), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
-            if (kind == TQ_Q4_0) {
-                lo = _mm256_sub_epi8(lo, eight);
-                hi = _mm256_sub_epi8(hi, eight);
-            }
-            A[l] = _mm256_fmadd_ps(S, Q8_LANES(lo, sgn, _mm256_set1_epi32(x4[l])), A[l]);
-            A[l + 4] = _mm256_fmadd_ps(S, Q8_LANES(hi, sgn, _mm256_set1_epi32(x4[l + 4])), A[l + 4]);
-        }
-    }
-    _mm256_storeu_ps(y, _mm256_add_ps(q8x8_total(A, MS), b8));
+static inline __attribute__((always_inline)) void q8x8_rows(int kind, int N, const q8_rows *xr, int64_t r0,
+                                                            int64_t inner, const uint8_t *p, const float *bias,
+                                                            float *y, int64_t ldy) {
+    if (kind == TQ_Q4_K) q8x8_q4_k_rows(N, xr, r0, inner, p, bias, y, ldy);
+    else q8x8_legacy_rows(kind, N, xr, r0, inner, p, bias, y, ldy);
 }
 
+/* All rows of x against group g, in passes of up to ROWS_X8 rows (each pass size a constant). */
 #define Q8X8_GROUP_FN(KIND)                                                                                     \
     static __attribute__((noinline)) void q8x8_group_##KIND(const q8_rows *xr, int64_t n, int64_t inner,         \
                                                             const uint8_t *p, const float *bias, float *y,         \
                                                             int64_t ldy) {                                        \
-        const int64_t nb = inner / 32;                                                                          \
-        for (int64_t r = 0; r < n; r++)                                                                         \
-            q8x8_group_row(KIND, xr->q + r * inner, xr->d + r * nb, xr->s + r * nb, inner, p, bias, y + r * ldy);\
+        int64_t r0 = 0;                                                                                         \
+        for (; r0 + 4 <= n; r0 += 4) q8x8_rows(KIND, 4, xr, r0, inner, p, bias, y, ldy);                        \
+        switch (n - r0) {                                                                                       \
+        case 3: q8x8_rows(KIND, 3, xr, r0, inner, p, bias, y, ldy); break;                                      \
+        case 2: q8x8_rows(KIND, 2, xr, r0, inner, p, bias, y, ldy); break;                                      \
+        case 1: q8x8_rows(KIND, 1, xr, r0, inner, p, bias, y, ldy); break;                                      \
+        }                                                                                                       \
     }
 Q8X8_GROUP_FN(TQ_Q4_0) Q8X8_GROUP_FN(TQ_Q4_1) Q8X8_GROUP_FN(TQ_Q8_0) Q8X8_GROUP_FN(TQ_Q4_K)
 
