@@ -18,6 +18,7 @@ from tandem.bench.random_gguf import write
 from plain_decoding import greedy_plain
 from tiny_models import GGUF_ARCHS, make_tokenizer
 from verifier_service import native
+from verifier_service.weights import BlockWeight
 from verifier_service.gguf_model import GgufModel
 from verifier_service.target import Target
 
@@ -183,19 +184,30 @@ def test_int8_activations_keep_rows_exact_and_speculation_lossless(tiny_gguf_fil
     assert out[:20] == want
 
 
-def test_int8_wide_prefill_reads_the_x8_copy(tiny_gguf_files, monkeypatch):
-    """A prefill chunk wider than the block kernels take dequantizes its weights (rows()) for torch's GEMM; with
-    int8 the Q8_0/Q4_1 weights are read back from their x8 copy (the file's pages released), the same values:
-    the chunk's logits equal the fp32 path's bit for bit."""
+def test_int8_wide_prefill_runs_the_int8_kernels(tiny_gguf_files, monkeypatch):
+    """A prefill chunk wider than a verify block: with fp32 activations its weights are dequantized for torch's
+    GEMM; with int8 the block kernels take it (faster there), each output row exactly what that row alone gets,
+    and the embedding rows come from the x8 copy (the file's pages released) with the file's values."""
     if native.library() is None:
         pytest.skip(f"C kernels unavailable: {native.unavailable_reason()}")
     ids = [(7 * i + 3) % 260 for i in range(45)]
-    fp32 = logits(decoder_of(tiny_gguf_files["llama"], "native"), ids)
+    fp32_decoder = decoder_of(tiny_gguf_files["llama"], "native")
+    fp32 = logits(fp32_decoder, ids)
     monkeypatch.setenv("TANDEM_ACTIVATIONS", "int8")
     decoder = decoder_of(tiny_gguf_files["llama"], "native")
-    x8 = [m for m in decoder.linears.modules() if getattr(getattr(m, "blocks", None), "x8", None) is not None]
+    blocks = [m for m in decoder.linears.modules() if isinstance(m, BlockWeight)]
+    x8 = [m for m in blocks if m.blocks.x8 is not None]
     assert x8 or native.isa() not in native.X8_ISAS
-    assert torch.equal(logits(decoder, ids), fp32)
+    wide = logits(decoder, ids)
+    assert not torch.equal(wide, fp32)                                  # int8 arithmetic, not the fp32 GEMM
+    gen = torch.Generator().manual_seed(3)
+    for weight in blocks:
+        if weight.blocks.activations == "int8":
+            x = torch.randn(45, weight.inner, generator=gen)
+            rows = torch.cat([weight.matmul(x[r:r + 1]) for r in range(45)])
+            assert torch.equal(weight.matmul(x), rows), weight.kind
+    at = torch.tensor(ids)
+    assert torch.equal(decoder.weights.embed.rows(at), fp32_decoder.weights.embed.rows(at))
 
 
 def test_a_failed_forward_rolls_back(tiny_gguf_files, monkeypatch):
