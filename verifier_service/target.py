@@ -119,8 +119,9 @@ class Target(TargetModel):
         batching = (f"sessions batched, up to {self.max_batch_rows} rows a forward"
                     if self.scheduler.max_batch_sessions > 1 else
                     f"one session a forward ({self.batching_note or 'max batch rows 1'})")
-        return (f"{self.path}; GEMMs {self.gemm} ({self.gemm_note}), attention {self.attention}, {batching} "
-                f"({phases})")
+        prefill = f"prefill chunks of {self.prefill_chunk} tokens" if self.prefill_chunk else "prompts prefilled whole"
+        return (f"{self.path}; GEMMs {self.gemm} ({self.gemm_note}), attention {self.attention}, {batching}, "
+                f"{prefill} ({phases})")
 
     # ---- the acceptance rule (on the torch thread) ------------------------------------------------
     def _choose(self, session: TargetSession, logits: torch.Tensor, draft: Sequence[DraftToken]):
