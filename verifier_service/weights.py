@@ -5,9 +5,10 @@
     kernels (``quant.QuantWeight``: F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K) for up to ``WIDE_ROWS`` rows: every row
     runs the same code, so a row's result does not depend on the block width. Wider inputs (prefill
     chunks, compute-bound) dequantize ``CHUNK_WEIGHTS`` weights at a time into a scratch tensor and run
-    torch's GEMM on it: no fp32 copy of the weight is kept. With int8 activations the block kernels take
-    every width (their integer multiply-adds beat torch's fp32 GEMM on prefill chunks too: about 2x on
-    Zen 3), so a prompt's linears are computed as its plain steps' are.
+    torch's GEMM on it: no fp32 copy of the weight is kept. With int8 activations, a weight with an x8 copy
+    (Q4_0/Q4_1/Q8_0/Q4_K) takes every width in the block kernels (their integer multiply-adds beat torch's
+    fp32 GEMM on prefill chunks too: about 2x on Zen 3), so a prompt's linears are computed as its plain
+    steps' are; the other kinds' kernels read 8 rows at a time from the file's layout, slower than torch there.
   * ``DenseWeight``: an fp32 tensor (a transformers model's weight, or a GGUF block type without a kernel
     here, dequantized once with gguf-py at load: correct, not memory-lean), multiplied through
     ``fast_linear`` (oneDNN on a packed copy, or MKL), chosen by ``fast_linear.configure``.
@@ -112,7 +113,7 @@ class BlockWeight(Weight):
     def matmul_into(self, x: torch.Tensor, y: torch.Tensor, column: int = 0) -> None:
         """y[:, column:column + out] = x W^T (y [n, any], written in place)."""
         n = x.shape[0]
-        if n <= WIDE_ROWS or self.blocks.activations == "int8":    # int8: faster than torch's fp32 GEMM at any width
+        if n <= WIDE_ROWS or self.blocks.x8 is not None:    # int8 on 8 interleaved rows: faster than torch at any width
             self.blocks.matmul(x, out=y[:, column:column + self.out])
             return
         step = max(1, CHUNK_WEIGHTS // self.inner)

@@ -186,8 +186,9 @@ def test_int8_activations_keep_rows_exact_and_speculation_lossless(tiny_gguf_fil
 
 def test_int8_wide_prefill_runs_the_int8_kernels(tiny_gguf_files, monkeypatch):
     """A prefill chunk wider than a verify block: with fp32 activations its weights are dequantized for torch's
-    GEMM; with int8 the block kernels take it (faster there), each output row exactly what that row alone gets,
-    and the embedding rows come from the x8 copy (the file's pages released) with the file's values."""
+    GEMM; with int8 the block kernels take it where the weight has an x8 copy (faster there), each output row
+    exactly what that row alone gets, and the embedding rows come from the x8 copy (the file's pages released)
+    with the file's values."""
     if native.library() is None:
         pytest.skip(f"C kernels unavailable: {native.unavailable_reason()}")
     ids = [(7 * i + 3) % 260 for i in range(45)]
@@ -202,7 +203,7 @@ def test_int8_wide_prefill_runs_the_int8_kernels(tiny_gguf_files, monkeypatch):
     assert not torch.equal(wide, fp32)                                  # int8 arithmetic, not the fp32 GEMM
     gen = torch.Generator().manual_seed(3)
     for weight in blocks:
-        if weight.blocks.activations == "int8":
+        if weight.blocks.x8 is not None:
             x = torch.randn(45, weight.inner, generator=gen)
             rows = torch.cat([weight.matmul(x[r:r + 1]) for r in range(45)])
             assert torch.equal(weight.matmul(x), rows), weight.kind
