@@ -48,9 +48,9 @@ def model_flags(p) -> None:
          "output stays the target's own")
     flag(p, "prefill-chunk", -1, int, help="prompt tokens per prefill forward: other sessions' steps run between "
          "chunks (sharing the machine about equally with them, so a chunk is the longest stall a long prompt puts "
-         "on them), and a cancelled request stops at the next one (0: the whole prompt at once; -1: 32 with "
-         "--activations int8, whose kernels cost the same a row at any width, 256 with fp32, whose wide chunks "
-         "run torch's GEMM faster)")
+         "on them), and a cancelled request stops at the next one (0: the whole prompt at once; -1: 32 where "
+         "every linear runs --activations int8 on 8 interleaved rows (Q4_0/Q4_1/Q8_0/Q4_K: those kernels cost the "
+         "same a row at any width), else 256 (wide chunks run torch's GEMM, faster the wider)")
     flag(p, "max-batch-rows", 32, int, help="most rows in one verify forward: the blocks of every session waiting "
          "go into one forward (a plain step is 1 row, a block of k drafts k + 1) up to this many; 1: one session "
          "per forward")
@@ -150,10 +150,9 @@ async def load_target(args):
     from verifier_service import quant
 
     os.environ[quant.ACTIVATIONS_ENV] = quant.activation_mode(args.activations)
-    prefill_chunk = args.prefill_chunk if args.prefill_chunk >= 0 else quant.default_prefill_chunk()
     target = await torch_thread.arun(Target.load, args.target, dtype=args.dtype, device=args.device,
                                      session_ttl_s=args.session_ttl, max_sessions=args.max_sessions,
-                                     max_block=args.max_block, gemm=args.gemm, prefill_chunk=prefill_chunk,
+                                     max_block=args.max_block, gemm=args.gemm, prefill_chunk=args.prefill_chunk,
                                      warmup=not args.no_warmup, decoder=args.decoder,
                                      rowwise_attention=None if args.exact_rows == "on" else False,
                                      max_batch_rows=args.max_batch_rows, batch_wait_ms=args.batch_wait_ms,

@@ -53,14 +53,6 @@ def activation_mode(value: str | None = None) -> str:
     return chosen
 
 
-def default_prefill_chunk(value: str | None = None) -> int:
-    """Prompt tokens per prefill forward by default, for the activation arithmetic ``value`` (else the
-    environment's): int8's block kernels cost the same a row at any width (Zen 3: 1.47 ms a token in chunks of
-    32, 1.36 in chunks of 256, prompts of 512), so short chunks, each the longest stall a prefill puts on the
-    sessions decoding beside it; fp32's wide chunks run torch's GEMM, faster the wider they are."""
-    return 32 if activation_mode(value) == "int8" else 256
-
-
 def row_bytes(kind: str, inner: int) -> int:
     """Bytes of one row of ``inner`` weights of ``kind`` in a GGUF file."""
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]

@@ -97,7 +97,8 @@ class Target(TargetModel):
         self.sessions: SessionStore[TargetSession] = SessionStore(session_ttl_s, max_sessions=max_sessions,
                                                                  what="verifier session",
                                                                  size_of=TargetSession.kv_bytes)
-        self.prefill_chunk = int(prefill_chunk or 0)
+        self.prefill_chunk = self._default_prefill_chunk() if prefill_chunk is not None and prefill_chunk < 0 \
+            else int(prefill_chunk or 0)
         # Forwards and the acceptance rule run on the one torch thread (verifier_service.torch_thread: why),
         # one forward at a time, chosen by the scheduler.
         self.scheduler = Scheduler(self, prefill_chunk=self.prefill_chunk, max_batch_rows=self.max_batch_rows,
@@ -112,6 +113,19 @@ class Target(TargetModel):
         self.warmup_s = time.perf_counter() - t_warm
         if warmup:
             self.phases["measuring widths"] = self.warmup_s
+
+    def _default_prefill_chunk(self) -> int:
+        """``prefill_chunk`` -1: 32 tokens where every layer's linear runs int8 on an x8 copy (those
+        kernels cost the same a row at any width, and a chunk is the longest stall a prefill puts on the
+        sessions decoding beside it), else 256 (wide chunks run torch's GEMM, faster the wider they are)."""
+        from verifier_service.weights import BlockWeight
+
+        decoder = getattr(self, "decoder", None)
+        linears = [w for layer in decoder.weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)] \
+            if decoder is not None else []                      # (a prefill runs the head on its last row only)
+        parts = [p for w in linears for p in (getattr(w, "parts", None) or [w])]
+        fast = bool(parts) and all(isinstance(p, BlockWeight) and p.blocks.x8 is not None for p in parts)
+        return 32 if fast else DEFAULT_PREFILL_CHUNK
 
     def startup_line(self) -> str:
         """What runs the target and why, and how long each loading phase took."""

@@ -34,25 +34,6 @@ def test_a_served_verifier_runs_int8_activations(tmp_path, how):
     assert "prefill chunks of 32 tokens" in log, service.tail()         # int8's default: short chunks, same cost
 
 
-def test_prefill_chunks_follow_the_arithmetic_unless_set(monkeypatch):
-    """Unset (-1), a prefill chunk is 32 tokens with int8 activations and 256 with fp32; the flag wins."""
-    from verifier_service import quant
-    from verifier_service.cli import configure
-
-    monkeypatch.delenv("TANDEM_ACTIVATIONS", raising=False)
-    monkeypatch.delenv("TANDEM_PREFILL_CHUNK", raising=False)
-    assert quant.default_prefill_chunk("int8") == 32 and quant.default_prefill_chunk("fp32") == 256
-    assert quant.default_prefill_chunk() == 256
-    monkeypatch.setenv("TANDEM_ACTIVATIONS", "int8")
-    assert quant.default_prefill_chunk() == 32
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    configure(parser)
-    assert parser.parse_args([]).prefill_chunk == -1
-    assert parser.parse_args(["--prefill-chunk", "128"]).prefill_chunk == 128
-
-
 def test_a_bad_value_names_the_flag():
     res = subprocess.run([sys.executable, "-m", "tandem.cli", "serve-verifier", "--activations", "int4", "--port", "0"],
                          capture_output=True, text=True, timeout=120, env=dict(os.environ, HF_HUB_OFFLINE="1"))

@@ -184,6 +184,22 @@ def test_int8_activations_keep_rows_exact_and_speculation_lossless(tiny_gguf_fil
     assert out[:20] == want
 
 
+@pytest.mark.parametrize("kind, int8_chunk", [("Q4_1", 32), ("Q5_0", 256)])
+def test_the_default_prefill_chunk_follows_the_kernels(tmp_path, monkeypatch, kind, int8_chunk):
+    """Unset (-1), a prefill chunk is 32 tokens where every linear runs int8 on an x8 copy (the same cost a
+    row at any width: short chunks, short stalls for the sessions decoding beside a long prompt), else 256;
+    a chunk given is kept. The start-up line says it."""
+    if native.library() is None or native.isa() not in native.X8_ISAS:
+        pytest.skip("no x8 kernels on this path")
+    path = write(tmp_path / f"{kind}.gguf", arch="llama", std=0.3, kinds={"default": kind}, seed=2)
+    assert tiny_target(path, prefill_chunk=-1).prefill_chunk == 256                     # fp32
+    monkeypatch.setenv("TANDEM_ACTIVATIONS", "int8")
+    target = tiny_target(path, prefill_chunk=-1)
+    assert target.prefill_chunk == int8_chunk and target.scheduler.prefill_chunk == int8_chunk
+    assert f"prefill chunks of {int8_chunk} tokens" in target.startup_line()
+    assert tiny_target(path, prefill_chunk=128).prefill_chunk == 128
+
+
 def test_int8_wide_prefill_runs_the_int8_kernels(tiny_gguf_files, monkeypatch):
     """A prefill chunk wider than a verify block: with fp32 activations its weights are dequantized for torch's
     GEMM; with int8 the block kernels take it where the weight has an x8 copy (faster there), each output row
