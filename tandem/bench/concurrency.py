@@ -162,7 +162,21 @@ def analyze_concurrency(results: dict) -> dict:
             if system in row:
                 row[system]["vs_llama_server"] = F.ratio(row[system].get("aggregate_tps"), base)
         out[str(level)] = row
-    return {"levels": out}
+    return {"levels": out, "outputs": same_outputs(samples)}
+
+
+def same_outputs(samples: list[dict]) -> dict:
+    """Tandem's greedy outputs against themselves: each request's text against plain decoding's of the same
+    prompt at the fewest clients it ran with (batching must not change a session's output). Requests that
+    failed are left out; ``differ``: (mode, clients, question id) of each text that is not the reference."""
+    done = [s for s in samples if s.get("mode") in (PLAIN, AUTO) and "error" not in s and "text" in s]
+    reference: dict = {}
+    for s in sorted((s for s in done if s["mode"] == PLAIN), key=lambda s: s["level"]):
+        reference.setdefault(s["question_id"], (s["level"], s["text"]))
+    checked = [s for s in done if s["question_id"] in reference]
+    differ = [(s["mode"], s["level"], s["question_id"]) for s in checked if s["text"] != reference[s["question_id"]][1]]
+    return {"requests": len(checked), "prompts": len(reference), "differ": differ,
+            "alone": sum(1 for lvl, _ in reference.values() if lvl == 1)}
 
 
 def markdown_concurrency(results: dict) -> str:
@@ -196,6 +210,15 @@ def markdown_concurrency(results: dict) -> str:
     L.append("ITL: inter-token latency, each streamed chunk's gap spread over its tokens, over all tokens of the level; "
              "TPOT: a request's time per output token after the first; llama-server runs with `--parallel N` "
              "(continuous batching on, its default).")
+    same = results["analysis"].get("outputs")
+    if same and same["requests"]:
+        L.append("")
+        what = (f"{same['requests']} Tandem requests (plain and auto, every level) over {same['prompts']} prompts, each "
+                f"against plain decoding of its prompt at the fewest clients it ran with ({same['alone']} of them "
+                "alone)")
+        L.append(f"Outputs: {what}: " + ("**all identical**." if not same["differ"] else
+                 f"**{len(same['differ'])} differ**: " + ", ".join(f"{m} at {lvl} clients, question {q}"
+                                                                    for m, lvl, q in same["differ"][:10]) + "."))
     for n in results.get("notes") or []:
         L.append(f"- {n}")
     L.append("")

@@ -277,6 +277,26 @@ def test_concurrency_runs_clients_at_once_and_reports_percentiles():
     assert "--parallel 4" in md and "Test CPU" in md
 
 
+def test_concurrency_report_checks_every_output_against_plain_at_the_fewest_clients():
+    """A batched session's greedy text must be the one it gets alone: the report counts the requests checked
+    and names any that differ (here auto at 4 clients on question 2)."""
+    from tandem.bench import concurrency as C
+
+    def sample(mode, level, q, text):
+        return {"mode": mode, "level": level, "question_id": q, "text": text}
+
+    samples = [sample(C.PLAIN, 1, 1, "a"), sample(C.PLAIN, 4, 1, "a"), sample(C.AUTO, 4, 1, "a"),
+               sample(C.PLAIN, 4, 2, "b"), sample(C.AUTO, 4, 2, "c"), sample(C.LLAMA, 4, 2, "zz"),
+               dict(sample(C.AUTO, 4, 1, ""), error="timeout")]
+    same = C.same_outputs(samples)
+    assert same == {"requests": 5, "prompts": 2, "differ": [(C.AUTO, 4, 2)], "alone": 1}
+    results = {"samples": samples, "levels": [1, 4], "analysis": {"levels": {}, "outputs": same},
+               "environment": {"cpu": "Test CPU"}, "requests_per_client": 1, "threads": 1,
+               "tandem": {"command": "tandem up"}}
+    md = C.markdown_concurrency(results)
+    assert "**1 differ**: tandem-auto at 4 clients, question 2" in md
+
+
 def test_one_sitting_at_a_time_and_flag_checks(tmp_path):
     import argparse
 
