@@ -50,6 +50,7 @@ from verifier_service.target_model import DEFAULT_MAX_BATCH_ROWS, TargetModel
 from verifier_service.warping import warp
 
 DEFAULT_PREFILL_CHUNK = 256
+X8_PREFILL_CHUNK = 32          # where every layer runs int8 on x8 copies (``Target._default_prefill_chunk``)
 MAX_BATCH_SESSIONS = 64                  # sessions in one verify forward
 
 
@@ -115,17 +116,17 @@ class Target(TargetModel):
             self.phases["measuring widths"] = self.warmup_s
 
     def _default_prefill_chunk(self) -> int:
-        """``prefill_chunk`` -1: 32 tokens where every layer's linear runs int8 on an x8 copy (those
-        kernels cost the same a row at any width, and a chunk is the longest stall a prefill puts on the
-        sessions decoding beside it), else 256 (wide chunks run torch's GEMM, faster the wider they are)."""
+        """``prefill_chunk`` -1: X8_PREFILL_CHUNK tokens where every layer's linear runs int8 on an x8 copy
+        (those kernels cost the same a row at any width, and a chunk is the longest stall a prefill puts on the
+        sessions decoding beside it), else DEFAULT_PREFILL_CHUNK (wide chunks run torch's GEMM, faster the
+        wider they are). The head does not count: a prefill runs it on its last row only."""
         from verifier_service.weights import BlockWeight
 
-        decoder = getattr(self, "decoder", None)
-        linears = [w for layer in decoder.weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)] \
-            if decoder is not None else []                      # (a prefill runs the head on its last row only)
-        parts = [p for w in linears for p in (getattr(w, "parts", None) or [w])]
+        w = self.decoder.weights if self.decoder is not None else None
+        linears = [x for x in w.linears() if x is not w.head] if w is not None else []
+        parts = [p for x in linears for p in (getattr(x, "parts", None) or [x])]
         fast = bool(parts) and all(isinstance(p, BlockWeight) and p.blocks.x8 is not None for p in parts)
-        return 32 if fast else DEFAULT_PREFILL_CHUNK
+        return X8_PREFILL_CHUNK if fast else DEFAULT_PREFILL_CHUNK
 
     def startup_line(self) -> str:
         """What runs the target and why, and how long each loading phase took."""
