@@ -75,3 +75,21 @@ def tiny_verifier(lt, tiny_target_dir):
     service = lt.run(start_verifier(target))
     yield target, f"127.0.0.1:{service.port}"
     lt.run(service.stop(0))
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Every test starts with torch on the session's thread count: a test (or code it runs in-process, such as
+    the distill CLI's ``--threads``) that changes it must not slow every torch test after it."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if before is None:
+            before = _SESSION_THREADS.setdefault("torch", torch.get_num_threads())
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+_SESSION_THREADS: dict[str, int] = {}

@@ -310,8 +310,9 @@ def test_disconnect_mid_stream_frees_both_sessions(hs):
             assert target.sessions.count() == 1 and drafter.session_count() == 1
             assert hs.gateway.active_requests == 1
         closed = time.monotonic()
-        assert wait_until(lambda: target.sessions.count() == 0 and drafter.session_count() == 0, 3.0)
-        assert time.monotonic() - closed < 3.0 and hs.gateway.active_requests == 0
+        assert wait_until(lambda: target.sessions.count() == 0 and drafter.session_count() == 0
+                          and hs.gateway.active_requests == 0, 3.0)
+        assert time.monotonic() - closed < 3.0
     finally:
         hs.slow.delay = 0.0
     ok = httpx.post(f"{hs.url}/v1/chat/completions", json=chat_body(max_tokens=4), timeout=60)
