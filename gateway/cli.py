@@ -39,6 +39,10 @@ def configure(p) -> None:
          choices=("coupled", "rejection"))
     flag(p, "no-draft-ahead", help="ask the drafter for each block when the round needs it (Propose), instead of "
          "having it draft the next block while the verifier checks this one (its DraftAhead stream)", cast=bool)
+    flag(p, "drafter-shares-cpus", help="the drafter runs on the verifier's cores (one box; `tandem up` sets it "
+         "unless --drafter-cpus and --verifier-cpus are disjoint): no drafting ahead (it would take cores from the "
+         "forward it overlaps), and the draft-length choice counts a drafted token's time against every session "
+         "that shares the verifier's forward", cast=bool)
     flag(p, "lookup-only", help="no drafter node: speculate only with blocks that prompt lookup over the sequence "
          "supplies, copied by the gateway (the baseline that shows what a drafter node adds)", cast=bool)
     flag(p, "wait", 300.0, float, help="seconds to wait for the verifier at start")
@@ -100,7 +104,8 @@ async def run(args) -> int:
                            max_concurrent_requests=args.max_concurrent_requests,
                            drafter_retry_max_s=args.drafter_retry_max,
                            local_lookup=not args.no_local_lookup, probe_budget=args.probe_budget,
-                           draft_ahead=not args.no_draft_ahead, lookup_only=args.lookup_only,
+                           draft_ahead=not args.no_draft_ahead,
+                           drafter_shares_cpus=args.drafter_shares_cpus, lookup_only=args.lookup_only,
                            unseeded_sampling=args.unseeded_sampling,
                            max_prompt_tokens=args.max_prompt_tokens, max_request_bytes=args.max_request_bytes)
     gateway = await connect_gateway(verifier or args.verifier, None if args.lookup_only else args.drafter or None,

@@ -33,6 +33,8 @@ class GatewayConfig:
     max_concurrent_requests: int = 64     # more at once are refused (RESOURCE_EXHAUSTED); 0: no limit
     local_lookup: bool = True             # blocks prompt lookup supplies whole are copied here (gateway.rounds)
     draft_ahead: bool = True              # the drafter drafts the next block while the verifier checks this one
+    drafter_shares_cpus: bool = False     # the drafter runs on the verifier's cores (one box): no drafting ahead,
+                                          # and drafting's time counts against every session sharing a forward
     lookup_only: bool = False             # no drafter: blocks prompt lookup supplies, copied here (LOOKUP_ONLY_RULE)
     probe_budget: float = 0.005           # auto: worst-case share of plain throughput spent probing a losing drafter
     max_prompt_tokens: int = 0            # longest prompt in tokens (0: the target's context less one)

@@ -85,7 +85,7 @@ class Gateway:
         self._skip_ids = skipped_ids(self.tokenizer)     # what decode(skip_special_tokens=True) drops
         # What the draft-length choice learns (gateway.draft_length): costs of this verifier + drafter pair,
         # seeded from the verifier's start-up profile; acceptance gateway-wide, greedy and sampled apart.
-        self.cost = CostModel()
+        self.cost = CostModel(shared_cpus=config.drafter_shares_cpus)
         if target_info.verify_ms_by_width:
             self.cost.seed(target_info.verify_ms_by_width)
         self.acceptance = {True: AcceptanceEstimator(alpha=0.02), False: AcceptanceEstimator(alpha=0.02)}
@@ -319,7 +319,7 @@ class Gateway:
                           max_context=self.drafting_context(), trace_context=telemetry.context_with(span),
                           lookup=(LOOKUP_ONLY_RULE if copying else self._drafter_info.lookup
                                   if drafter is not None and self._drafter_info else None),
-                          local_lookup=self.config.local_lookup, draft_ahead=self.config.draft_ahead,
+                          local_lookup=self.config.local_lookup, draft_ahead=self.config.draft_ahead and not self.config.drafter_shares_cpus,
                           drafter_timeout_s=getattr(drafter, "timeout_s", 15.0))
         generated: list[int] = []
         detokenizer = IncrementalDetokenizer(self.tokenizer, skip_ids=self._skip_ids)   # new text only, each round

@@ -29,6 +29,14 @@ def parse_cpus(spec: str) -> set[int]:
     return cpus
 
 
+def cores_shared(verifier_cpus: str | None, drafter_cpus: str | None) -> bool:
+    """Whether a drafter and a verifier started on this machine with these CPU lists may run on the same
+    cores: yes unless both are pinned, to disjoint sets."""
+    if not verifier_cpus or not drafter_cpus:
+        return True
+    return bool(parse_cpus(verifier_cpus) & parse_cpus(drafter_cpus))
+
+
 def check_cpus(spec: str) -> set[int]:
     """The CPUs of ``spec``, if this platform can pin and this process may use them all; else raises
     RuntimeError (no pinning here) or ValueError (a bad list, or CPUs this process may not use)."""

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from gateway.cli import DEFAULT_DRAFT_CONFIDENCE, DEFAULT_HTTP_PORT
-from tandem.affinity import check_cpus
+from tandem.affinity import check_cpus, cores_shared
 from tandem.flags import DEFAULT_HOST, draft_length, flag
 from tandem.up_children import Cluster, PortInUse, StartupFailed, note
 from tandem.up_logs import KEEP_LOG_DIRS, LOG_PREFIX, STATE_FILE, clean_log_dirs, write_starting
@@ -45,7 +45,9 @@ def configure(p):
     flag(p, "lookup-only", help="no drafter node: the gateway speculates only with blocks prompt lookup supplies, "
          "copied from the sequence itself (shows what the drafter node adds)", cast=bool)
     flag(p, "no-draft-ahead", help="the gateway asks the drafter for each block when the round needs it instead "
-         "of having it draft the next block while the verifier checks this one", cast=bool)
+         "of having it draft the next block while the verifier checks this one (drafting ahead is already off "
+         "unless --drafter-cpus and --verifier-cpus are disjoint: on shared cores it would slow the forward it "
+         "overlaps)", cast=bool)
     flag(p, "drafter-threads", 1, int, help="ONNX Runtime threads of the drafter")
     flag(p, "verifier-threads", 0, int, help="torch threads of the verifier (0: torch's default)")
     flag(p, "activations", "fp32", help="the verifier's arithmetic on a GGUF file's blocks: 'fp32' (agrees with "
@@ -176,6 +178,8 @@ def start_cluster(args) -> Cluster:
                                   *(["--lookup-only", "--drafter", ""] if lookup_only
                                     else ["--drafter", f"{DEFAULT_HOST}:{drafter}"]),
                                   *(["--no-draft-ahead"] if getattr(args, "no_draft_ahead", False) else []),
+                                  *(["--drafter-shares-cpus"] if not lookup_only and cores_shared(v_cpus, d_cpus)
+                                    else []),
                                   "--draft-length", str(args.draft_length or "auto"),
                                   *(["--max-draft-length", str(args.max_draft_length)]
                                     if getattr(args, "max_draft_length", None) else []),

@@ -31,6 +31,11 @@ sessions share the forward, only blocks that are likely accepted are drafted: a 
 takes a share of a forward that every session waits for. With no other rows the rule is the
 single-session one.
 
+A drafter on the verifier's cores (``shared_cpus``: one box, ``tandem up``'s default) drafts while the
+verifier runs the other sessions' forward, and takes a core from it: a drafted token's time is then
+counted once for this session's round and once for each of the o others (the forward they wait for runs
+about that much longer), the same form as the delay a draft row adds.
+
 The draft cost, the verify cost and the drafter's round trip are learned apart (``draft_ms_per_token``,
 ``verify_curve``, ``drafter_round_trip_ms``); ``round_curve`` adds them up. Unobserved figures default
 to 0 (optimism under uncertainty): a wrong guess is tried once, measured and corrected, whereas a
@@ -93,13 +98,15 @@ def _isotonic(points: Sequence[tuple[int, float, float]]) -> list[tuple[int, flo
 class CostModel:
     """Measured costs of one verifier + drafter pair, learned online with decayed means (module docstring)."""
 
-    def __init__(self, alpha: float = 0.15, default_slope: float = 0.25):
+    def __init__(self, alpha: float = 0.15, default_slope: float = 0.25, shared_cpus: bool = False):
         """``alpha``: weight of a new observation. ``default_slope``: with a single width measured,
-        verify ms is extrapolated as v(w) = v0 * (1 + default_slope * w)."""
+        verify ms is extrapolated as v(w) = v0 * (1 + default_slope * w). ``shared_cpus``: the drafter runs
+        on the verifier's cores, so its drafting also delays the forward other sessions wait for."""
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
         self.alpha = float(alpha)
         self.default_slope = float(default_slope)
+        self.shared_cpus = bool(shared_cpus)
         self._verify: dict[int, _Ewma] = {}
         self._draft_per_token = _Ewma(alpha)
         self._lookup_per_token = _Ewma(alpha)
@@ -259,7 +266,9 @@ class CostModel:
         no drafter round trip. Other sessions' rows in the forward: ``_batched_verify``."""
         verify = self._batched_verify(top)
         overhead = self.speculative_overhead_ms         # the plain overhead and the drafter's round trip
-        per_model, per_lookup = self._draft_per_token.mean, self._lookup_per_token.mean
+        # on the verifier's cores the drafter's time also comes out of the forward the o others wait for
+        share = 1 + self.other_rows if self.shared_cpus else 1
+        per_model, per_lookup = share * self._draft_per_token.mean, share * self._lookup_per_token.mean
         lookup = max(0, lookup_tokens)
         out = [verify[0] + self._plain_overhead.mean]
         for k in range(1, top + 1):

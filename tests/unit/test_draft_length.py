@@ -594,7 +594,7 @@ def test_probe_budget_counts_what_a_probe_cost_not_what_was_predicted():
         d = a.next_k(8)
         if d.reason == "probe":
             probes.append(rnd)
-            a.observe(RoundFigures(width=d.k, accepted=0, verify_ms=10.3, draft_ms=6.0, round_ms=16.5))
+            a.observe(RoundFigures(width=d.k, accepted=0, verify_ms=10.3, draft_ms=8.0, round_ms=16.5))
         else:
             a.observe(plain_round())
         d = b.next_k(2)
@@ -809,3 +809,32 @@ def test_other_sessions_rows_in_the_forward_make_blocks_pay_their_share():
     assert choose_k(shared, flat_acceptance(0.5, lookup=0.98), 4, ready=(True, True, True, True)).k >= 1
     fig = RoundFigures.from_outcome(Proposal(()), VerifyOutcome(0, 7, False, 5.0, 0.0, 4.0, 4), 6.0)
     assert (fig.forward_rows, fig.other_rows) == (4, 3)
+
+
+def test_a_drafter_on_the_verifiers_cores_pays_for_the_forward_it_slows():
+    """On one box the drafter drafts while the verifier runs the other sessions' forward and takes a core from
+    it: with 3 other sessions' rows, a drafted token's time counts for this round and for each of the 3 others
+    (4x); alone, or with the drafter on its own cores, once. A drafter cheap alone (4 ms a token against a
+    flat 20 ms verify, accepted at 0.6) pays on its own box but not on the shared one with company."""
+    verify = {w: 20.0 + 0.2 * w for w in range(13)}
+
+    def model(shared_cpus: bool, others: int) -> CostModel:
+        cost = CostModel(shared_cpus=shared_cpus)
+        cost.seed(verify)
+        for _ in range(20):
+            cost.observe(RoundFigures(width=0, accepted=0, verify_ms=verify[others], round_ms=verify[others] + 1.0,
+                                      forward_rows=1 + others))
+        cost.observe(RoundFigures(width=2, accepted=0, verify_ms=verify[2 + others], draft_ms=8.0,
+                                  round_ms=verify[2 + others] + 8.0 + 1.0, forward_rows=3 + others))
+        return cost
+
+    acc = flat_acceptance(0.6)
+    for others in (0, 3):
+        apart, shared = choose_k(model(False, others), acc, 4), choose_k(model(True, others), acc, 4)
+        extra = shared.candidates[2].expected_ms - apart.candidates[2].expected_ms
+        assert extra == pytest.approx(others * 2 * 4.0, rel=0.05)      # 2 drafted tokens, 4 ms each, x others
+        assert apart.k >= 1
+    assert choose_k(model(True, 0), acc, 4).k >= 1
+    assert choose_k(model(True, 3), acc, 4).k == 0
+    # tokens already drafted or copied cost no drafter time, shared or not
+    assert choose_k(model(True, 3), flat_acceptance(0.6, lookup=0.98), 4, ready=(True, True, True, True)).k >= 1
