@@ -49,21 +49,29 @@ static const q8_rows_fn *q8_rows_of(int kind) {
     }
 }
 
-/* x [n, inner] rounded row by row into one allocation: d, s, t, then q. mem NULL when out of memory. */
-typedef struct { int8_t *q; float *d, *s; int32_t *t; void *mem; } q8_rows;
+/* x [n, inner] rounded row by row into one allocation: d, s, t, h, then q (h: the integer sum of each
+   block's first 16 q, for Q6_K's x8 kernel). mem NULL when out of memory. */
+typedef struct { int8_t *q; float *d, *s; int32_t *t, *h; void *mem; } q8_rows;
 
 static q8_rows q8_quantize(const float *x, int64_t n, int64_t inner, int threads) {
-    q8_rows r = {0, 0, 0, 0, 0};
+    q8_rows r = {0, 0, 0, 0, 0, 0};
     const int64_t nb = inner / 32;
-    r.mem = malloc((size_t)(n * inner + 3 * n * nb * (int64_t)sizeof(float)));
+    r.mem = malloc((size_t)(n * inner + 4 * n * nb * (int64_t)sizeof(float)));
     if (!r.mem) return r;
     r.d = (float *)r.mem;
     r.s = r.d + n * nb;
     r.t = (int32_t *)(r.s + n * nb);
-    r.q = (int8_t *)(r.t + n * nb);
+    r.h = r.t + n * nb;
+    r.q = (int8_t *)(r.h + n * nb);
 #pragma omp parallel for num_threads(threads) schedule(static) if (n * inner >= 65536)
-    for (int64_t i = 0; i < n; i++)
+    for (int64_t i = 0; i < n; i++) {
         tq_q8_quantize_row(x + i * inner, inner, r.q + i * inner, r.d + i * nb, r.s + i * nb, r.t + i * nb);
+        for (int64_t b = 0; b < nb; b++) {
+            int sum = 0;
+            for (int j = 0; j < 16; j++) sum += r.q[i * inner + 32 * b + j];
+            r.h[i * nb + b] = sum;
+        }
+    }
     return r;
 }
 

@@ -51,6 +51,25 @@ int tq_pack_q8x8(int kind, const uint8_t *w, int64_t ldw, int64_t out, int64_t i
     const int64_t nb = inner / 32, cb = tq_q8x8_chunk_bytes(kind), bb = tq_block_bytes(kind);
     /* qs_at: qs in a file block; x8_qs: in an x8 chunk */
     const int qs_at = kind == TQ_Q4_1 ? 4 : 2, lanes = tq_q8x8_lanes(kind), x8_qs = tq_q8x8_qs_offset(kind);
+    if (kind == TQ_Q6_K) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t g = 0; g < out / 8; g++)
+            for (int64_t b = 0; b < inner / QK_K; b++) {
+                uint8_t *s8 = dst + (g * nb + 8 * b) * cb;                 /* super-block b of group g */
+                for (int c = 0; c < 8; c++) {
+                    const uint8_t *blk = w + (8 * g + c) * ldw + b * bb;
+                    memcpy(s8 + 2 * c, blk + offsetof(block_q6_K, d), 2);
+                    for (int i = 0; i < 16; i++) s8[TQ_Q6X8_SC + 8 * i + c] = blk[offsetof(block_q6_K, scales) + i];
+                    for (int p = 0; p < 4; p++)
+                        for (int l = 0; l < 8; l++)
+                            memcpy(s8 + TQ_Q6X8_QL + 32 * (8 * p + l) + 4 * c, blk + offsetof(block_q6_K, ql) + 32 * p + 4 * l, 4);
+                    for (int h = 0; h < 2; h++)
+                        for (int l = 0; l < 8; l++)
+                            memcpy(s8 + TQ_Q6X8_QH + 32 * (8 * h + l) + 4 * c, blk + offsetof(block_q6_K, qh) + 32 * h + 4 * l, 4);
+                }
+            }
+        return 0;
+    }
     if (kind == TQ_Q4_K) {
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t g = 0; g < out / 8; g++)
@@ -96,6 +115,20 @@ int tq_dequantize_rows_q8x8(int kind, const uint8_t *p, int64_t inner, const int
     for (int64_t i = 0; i < n; i++) {
         const int64_t o = ids ? ids[i] : i, g = o / 8;
         const int c = (int)(o % 8);
+        if (kind == TQ_Q6_K) {                 /* the file's block put back together, then quants.h's dequantizer */
+            block_q6_K blk;
+            for (int64_t b = 0; b < inner / QK_K; b++) {
+                const uint8_t *s8 = p + (g * nb + 8 * b) * cb;
+                memcpy(&blk.d, s8 + 2 * c, 2);
+                for (int k = 0; k < 16; k++) blk.scales[k] = (int8_t)s8[TQ_Q6X8_SC + 8 * k + c];
+                for (int q = 0; q < 4; q++)
+                    for (int l = 0; l < 8; l++) memcpy(blk.ql + 32 * q + 4 * l, s8 + TQ_Q6X8_QL + 32 * (8 * q + l) + 4 * c, 4);
+                for (int h = 0; h < 2; h++)
+                    for (int l = 0; l < 8; l++) memcpy(blk.qh + 32 * h + 4 * l, s8 + TQ_Q6X8_QH + 32 * (8 * h + l) + 4 * c, 4);
+                tq_dequant_block(kind, (const uint8_t *)&blk, y + i * inner + QK_K * b);
+            }
+            continue;
+        }
         if (kind == TQ_Q4_K) {                 /* quants.h's formula, from the unpacked scales and mins */
             for (int64_t b = 0; b < inner / QK_K; b++) {
                 const uint8_t *s8 = p + (g * nb + 8 * b) * cb;

@@ -1,5 +1,5 @@
-/* The int8-activation GEMM on the x8 layout (gemm_q8.h: 8 weight rows interleaved) for Q4_0, Q4_1, Q8_0
-   and Q4_K, x86 paths. Per 32-weight chunk: one conversion gives the 8 rows' scales, and per lane l one
+/* The int8-activation GEMM on the x8 layout (gemm_q8.h: 8 weight rows interleaved) for Q4_0, Q4_1, Q8_0,
+   Q4_K and Q6_K, x86 paths. Per 32-weight chunk: one conversion gives the 8 rows' scales, and per lane l one
    32-byte load gives weights 4l..4l+3 of the 8 rows; x's 4 bytes 4l..4l+3 are broadcast to every lane, so
    vpmaddubsw gives each row's products in pairs (int16) and the chunk's pairs add up in int16 (Q8_0: in
    int32 after vpmaddwd) into one exact integer per row and chunk: then one conversion and one FMA per chunk
@@ -128,10 +128,67 @@ static inline __attribute__((always_inline)) void q8x8_q4_k_rows(int N, const q8
     q8x8_store(N, acc, ms, bias, y + r0 * ldy, ldy);
 }
 
+/* Q6_K: rows r0..r0+N-1 of x against group g, per super-block: chunk c = 4h + t rebuilds each lane's 6-bit
+   weights q (0..63) from a nibble of ql pair 2h + t % 2 and bits 2t, 2t + 1 of qh half h, moved to bits 4-5 by
+   one shift. They go in unsigned, as Q4_0's do: sum (q - 32) x = sum q x - 32 sum x, with sum x over the
+   16 weights of each scale (q8_rows.h: weights 0-15; t - h: 16-31). Two lanes' pairs add up in int16 (at most
+   4 * 63 * 127 = 32 004), then in int32. Per chunk two exact sums (weights 0-15, 16-31), each times its own
+   scale d * sc, two FMAs in that order: gemm_q8.h's Q6_K. */
+static inline __attribute__((always_inline)) void q8x8_q6_k_rows(int N, const q8_rows *xr, int64_t r0, int64_t inner,
+                                                                 const uint8_t *p, const float *bias, float *y,
+                                                                 int64_t ldy) {
+    const int64_t nb = inner / 32;
+    const __m256i nib = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    __m256 acc[ROWS_X8], ms[ROWS_X8];
+    for (int r = 0; r < N; r++) acc[r] = ms[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < inner / QK_K; b++) {
+        const uint8_t *s8 = p + b * 8 * tq_q8x8_chunk_bytes(TQ_Q6_K);
+        const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s8));
+        for (int c = 0; c < 8; c++) {
+            const int h = c / 4, t = c % 4;
+            const uint8_t *ql = s8 + TQ_Q6X8_QL + 32 * 8 * (2 * h + t % 2), *qh = s8 + TQ_Q6X8_QH + 32 * 8 * h;
+            const __m128i lsh = _mm_cvtsi32_si128(4 * (t / 2)), up = _mm_cvtsi32_si128(t < 3 ? 4 - 2 * t : 0),
+                          down = _mm_cvtsi32_si128(t == 3 ? 2 : 0);
+            const int64_t xb = 8 * b + c;
+            __m256i L[2][ROWS_X8];
+            for (int half = 0; half < 2; half++) {
+                __m256i w[4];
+                for (int i = 0; i < 4; i++) {
+                    const int l = 4 * half + i;
+                    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(ql + 32 * l)), lsh), nib);
+                    const __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 32 * l));
+                    w[i] = _mm256_or_si256(lo, _mm256_and_si256(_mm256_srl_epi16(_mm256_sll_epi16(u, up), down), top));
+                }
+                for (int r = 0; r < N; r++) {
+                    const int32_t *x4 = (const int32_t *)(xr->q + (r0 + r) * inner + 32 * xb) + 4 * half;
+                    __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], _mm256_set1_epi32(x4[0])),
+                                                 _mm256_maddubs_epi16(w[1], _mm256_set1_epi32(x4[1])));
+                    __m256i e = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], _mm256_set1_epi32(x4[2])),
+                                                 _mm256_maddubs_epi16(w[3], _mm256_set1_epi32(x4[3])));
+                    const int32_t hx = xr->h[(r0 + r) * nb + xb], sx = half ? xr->t[(r0 + r) * nb + xb] - hx : hx;
+                    L[half][r] = _mm256_sub_epi32(_mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(e, ones)),
+                                                  _mm256_set1_epi32(32 * sx));
+                }
+            }
+            const __m256 S0 = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                  _mm_loadl_epi64((const __m128i *)(s8 + TQ_Q6X8_SC + 8 * (2 * c))))));
+            const __m256 S1 = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                  _mm_loadl_epi64((const __m128i *)(s8 + TQ_Q6X8_SC + 8 * (2 * c + 1))))));
+            for (int r = 0; r < N; r++) {
+                const __m256 dx = _mm256_set1_ps(xr->d[(r0 + r) * nb + xb]);
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(S0, dx), _mm256_cvtepi32_ps(L[0][r]), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(S1, dx), _mm256_cvtepi32_ps(L[1][r]), acc[r]);
+            }
+        }
+    }
+    q8x8_store(N, acc, ms, bias, y + r0 * ldy, ldy);
+}
+
 static inline __attribute__((always_inline)) void q8x8_rows(int kind, int N, const q8_rows *xr, int64_t r0,
                                                             int64_t inner, const uint8_t *p, const float *bias,
                                                             float *y, int64_t ldy) {
     if (kind == TQ_Q4_K) q8x8_q4_k_rows(N, xr, r0, inner, p, bias, y, ldy);
+    else if (kind == TQ_Q6_K) q8x8_q6_k_rows(N, xr, r0, inner, p, bias, y, ldy);
     else q8x8_legacy_rows(kind, N, xr, r0, inner, p, bias, y, ldy);
 }
 
@@ -147,7 +204,7 @@ static inline __attribute__((always_inline)) void q8x8_rows(int kind, int N, con
         case 1: q8x8_rows(KIND, 1, xr, r0, inner, p, bias, y, ldy); break;                                      \
         }                                                                                                       \
     }
-Q8X8_GROUP_FN(TQ_Q4_0) Q8X8_GROUP_FN(TQ_Q4_1) Q8X8_GROUP_FN(TQ_Q8_0) Q8X8_GROUP_FN(TQ_Q4_K)
+Q8X8_GROUP_FN(TQ_Q4_0) Q8X8_GROUP_FN(TQ_Q4_1) Q8X8_GROUP_FN(TQ_Q8_0) Q8X8_GROUP_FN(TQ_Q4_K) Q8X8_GROUP_FN(TQ_Q6_K)
 
 typedef void (*q8x8_group_fn)(const q8_rows *, int64_t, int64_t, int64_t, const uint8_t *, const float *, float *,
                               int64_t);
@@ -158,7 +215,8 @@ typedef void (*q8x8_group_fn)(const q8_rows *, int64_t, int64_t, int64_t, const 
 
 static q8x8_group_fn q8x8_group_of(int kind) {
     return kind == TQ_Q4_0 ? q8x8_group_TQ_Q4_0 : kind == TQ_Q4_1 ? q8x8_group_TQ_Q4_1
-         : kind == TQ_Q8_0 ? q8x8_group_TQ_Q8_0 : kind == TQ_Q4_K ? q8x8_group_TQ_Q4_K : 0;
+         : kind == TQ_Q8_0 ? q8x8_group_TQ_Q8_0 : kind == TQ_Q4_K ? q8x8_group_TQ_Q4_K
+         : kind == TQ_Q6_K ? q8x8_group_TQ_Q6_K : 0;
 }
 
 /* y = x W^T (+ bias) with W [out, inner] in the x8 layout at p (out a multiple of 8). 0, or -1. */
