@@ -184,7 +184,7 @@ def test_int8_activations_keep_rows_exact_and_speculation_lossless(tiny_gguf_fil
     assert out[:20] == want
 
 
-@pytest.mark.parametrize("kind, int8_chunk", [("Q4_1", 32), ("Q5_0", 256)])
+@pytest.mark.parametrize("kind, int8_chunk", [("Q4_1", 32), ("Q5_1", 256)])
 def test_the_default_prefill_chunk_follows_the_kernels(tmp_path, monkeypatch, kind, int8_chunk):
     """Unset (-1), a prefill chunk is 32 tokens where every linear runs int8 on an x8 copy (the same cost a
     row at any width: short chunks, short stalls for the sessions decoding beside a long prompt), else 256;

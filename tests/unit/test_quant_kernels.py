@@ -311,8 +311,8 @@ def test_int8_rows_are_exact_and_the_same_on_every_path(gguf_weights, which):
         torch.set_num_threads(2)
         assert torch.equal(w.matmul(x), full) and torch.equal(w.matmul(x[4:5]), full[4:5]), kind
         torch.set_num_threads(1)
-    mixed = (("Q4_K", "Q6_K", "Q8_0", "Q4_1", "Q5_0"),) if which not in EMULATED else ()   # x8 and not: one call
-    for kinds in (*mixed, ("Q8_0", "Q4_1", "Q4_0")):                                        # all x8
+    mixed = (("Q4_K", "Q6_K", "Q8_0", "Q4_1", "Q5_1"),) if which not in EMULATED else ()   # x8 and not: one call
+    for kinds in (*mixed, ("Q8_0", "Q4_1", "Q4_0", "Q5_0", "Q6_K")):                                        # all x8
         parts = [int8_weight(gguf_weights, kind, which)[0] for kind in kinds]
         side = SideBySide(parts)
         own = torch.cat([p.matmul(x) for p in parts], dim=1)

@@ -68,13 +68,13 @@ static inline void tq_q8_quantize_row(const float *x, int64_t inner, int8_t *q, 
 }
 
 /* ---- 8 weight rows interleaved (the "x8" layout) ---------------------------------------------------------
-   Q4_0, Q4_1, Q8_0, Q4_K and Q6_K weights may also be read from a copy in which 8 weight rows are interleaved, so that
+   Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights may also be read from a copy in which 8 weight rows are interleaved, so that
    one 32-byte load holds 4 consecutive weights of each of 8 rows and one vector of accumulators holds
    8 outputs: the same integer sums, the same FMAs and the same additions per output as above
    (bit-identical results), with the weight decoding and the scale conversions shared by 8 rows. Group g
    (weight rows 8g..8g+7) is nb = inner / 32 chunks of tq_q8x8_chunk_bytes(kind) bytes, chunk b:
-     d[8] (fp16, row c's block b scale), then for Q4_1 m[8] (fp16), then
-     Q4_0/Q4_1: qs[4][32]: qs[l][4c + j] = row c's qs[4l + j]  (low nibbles: weights 4l + j, high: 16 + 4l + j)
+     d[8] (fp16, row c's block b scale), then for Q4_1 m[8] (fp16), for Q5_0 qh[8] (row c's 32 fifth bits), then
+     Q4_0/Q4_1/Q5_0: qs[4][32]: qs[l][4c + j] = row c's qs[4l + j]  (low nibbles: weights 4l + j, high: 16 + 4l + j)
      Q8_0:      qs[8][32]: qs[l][4c + j] = row c's qs[4l + j]
    Q4_K is laid out per 256-weight super-block (8 chunks, 8 x 148 bytes): d[8], dmin[8] (fp16), sc[8 chunks][8
    rows] and m[8][8] (the 6-bit scales and mins, unpacked to bytes), then qs[4 pairs][8 lanes][32]:
@@ -84,18 +84,21 @@ static inline void tq_q8_quantize_row(const float *x, int64_t inner, int8_t *q, 
    nibbles for t < 2), then qh[2][8 lanes][32]: qh[h][l][4c + j] = row c's qh[32h + 4l + j] (bits 2t, 2t + 1).
    The same bytes as the file's blocks, reordered (Q4_K: its scales unpacked, 32 bytes more a group). */
 static inline int tq_q8x8_kind_ok(int kind) {
-    return kind == TQ_Q4_0 || kind == TQ_Q4_1 || kind == TQ_Q8_0 || kind == TQ_Q4_K || kind == TQ_Q6_K;
+    return kind == TQ_Q4_0 || kind == TQ_Q4_1 || kind == TQ_Q5_0 || kind == TQ_Q8_0 || kind == TQ_Q4_K
+        || kind == TQ_Q6_K;
 }
 
 static inline int64_t tq_q8x8_chunk_bytes(int kind) {
-    return kind == TQ_Q4_0 ? 144 : kind == TQ_Q4_1 ? 160 : kind == TQ_Q8_0 ? 272 : kind == TQ_Q4_K ? 148
+    return kind == TQ_Q4_0 ? 144 : kind == TQ_Q4_1 ? 160 : kind == TQ_Q5_0 ? 176 : kind == TQ_Q8_0 ? 272
+         : kind == TQ_Q4_K ? 148
          : kind == TQ_Q6_K ? 210 : 0;
 }
 
 /* Q6_K x8 super-block: where sc, ql and qh start. */
 enum { TQ_Q6X8_SC = 16, TQ_Q6X8_QL = 144, TQ_Q6X8_QH = 144 + 1024 };
 
-/* Q4_0/Q4_1/Q8_0 x8 chunks: where qs starts (after d[8], and m[8] for Q4_1), and its 32-byte lane rows. */
-static inline int tq_q8x8_qs_offset(int kind) { return kind == TQ_Q4_1 ? 32 : 16; }
+/* Q4_0/Q4_1/Q5_0/Q8_0 x8 chunks: where qs starts (after d[8], and m[8] for Q4_1, qh[8] for Q5_0), and its
+   32-byte lane rows. */
+static inline int tq_q8x8_qs_offset(int kind) { return kind == TQ_Q4_1 ? 32 : kind == TQ_Q5_0 ? 48 : 16; }
 static inline int tq_q8x8_lanes(int kind) { return kind == TQ_Q8_0 ? 8 : 4; }
 

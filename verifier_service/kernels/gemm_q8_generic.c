@@ -50,7 +50,8 @@ int tq_pack_q8x8(int kind, const uint8_t *w, int64_t ldw, int64_t out, int64_t i
     if (!tq_q8x8_kind_ok(kind) || out % 8 || inner % 32 || !tq_gemm_shape_ok(kind, inner)) return -1;
     const int64_t nb = inner / 32, cb = tq_q8x8_chunk_bytes(kind), bb = tq_block_bytes(kind);
     /* qs_at: qs in a file block; x8_qs: in an x8 chunk */
-    const int qs_at = kind == TQ_Q4_1 ? 4 : 2, lanes = tq_q8x8_lanes(kind), x8_qs = tq_q8x8_qs_offset(kind);
+    const int qs_at = kind == TQ_Q4_1 ? 4 : kind == TQ_Q5_0 ? 6 : 2, lanes = tq_q8x8_lanes(kind),
+              x8_qs = tq_q8x8_qs_offset(kind);
     if (kind == TQ_Q6_K) {
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t g = 0; g < out / 8; g++)
@@ -96,6 +97,7 @@ int tq_pack_q8x8(int kind, const uint8_t *w, int64_t ldw, int64_t out, int64_t i
                 const uint8_t *blk = w + (8 * g + c) * ldw + b * bb;
                 memcpy(c8 + 2 * c, blk, 2);                                       /* d */
                 if (kind == TQ_Q4_1) memcpy(c8 + 16 + 2 * c, blk + 2, 2);       /* m */
+                if (kind == TQ_Q5_0) memcpy(c8 + 16 + 4 * c, blk + 2, 4);       /* qh */
                 for (int l = 0; l < lanes; l++) memcpy(c8 + x8_qs + 32 * l + 4 * c, blk + qs_at + 4 * l, 4);
             }
         }
@@ -110,7 +112,8 @@ int tq_dequantize_rows_q8x8(int kind, const uint8_t *p, int64_t inner, const int
     if (!tq_q8x8_kind_ok(kind) || inner % 32 || !tq_gemm_shape_ok(kind, inner)) return -1;
     const int64_t nb = inner / 32, cb = tq_q8x8_chunk_bytes(kind);
     /* qs_at: qs in a file block; x8_qs: in an x8 chunk */
-    const int qs_at = kind == TQ_Q4_1 ? 4 : 2, lanes = tq_q8x8_lanes(kind), x8_qs = tq_q8x8_qs_offset(kind);
+    const int qs_at = kind == TQ_Q4_1 ? 4 : kind == TQ_Q5_0 ? 6 : 2, lanes = tq_q8x8_lanes(kind),
+              x8_qs = tq_q8x8_qs_offset(kind);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         const int64_t o = ids ? ids[i] : i, g = o / 8;
@@ -150,6 +153,7 @@ int tq_dequantize_rows_q8x8(int kind, const uint8_t *p, int64_t inner, const int
             const uint8_t *c8 = p + (g * nb + b) * cb;
             memcpy(blk, c8 + 2 * c, 2);
             if (kind == TQ_Q4_1) memcpy(blk + 2, c8 + 16 + 2 * c, 2);
+            if (kind == TQ_Q5_0) memcpy(blk + 2, c8 + 16 + 4 * c, 4);
             for (int l = 0; l < lanes; l++) memcpy(blk + qs_at + 4 * l, c8 + x8_qs + 32 * l + 4 * c, 4);
             tq_dequant_block(kind, blk, y + i * inner + 32 * b);
         }

@@ -1,5 +1,5 @@
-/* The int8-activation GEMM on the x8 layout (gemm_q8.h: 8 weight rows interleaved) for Q4_0, Q4_1, Q8_0,
-   Q4_K and Q6_K, x86 paths. Per 32-weight chunk: one conversion gives the 8 rows' scales, and per lane l one
+/* The int8-activation GEMM on the x8 layout (gemm_q8.h: 8 weight rows interleaved) for Q4_0, Q4_1, Q5_0,
+   Q8_0, Q4_K and Q6_K, x86 paths. Per 32-weight chunk: one conversion gives the 8 rows' scales, and per lane l one
    32-byte load gives weights 4l..4l+3 of the 8 rows; x's 4 bytes 4l..4l+3 are broadcast to every lane, so
    vpmaddubsw gives each row's products in pairs (int16) and the chunk's pairs add up in int16 (Q8_0: in
    int32 after vpmaddwd) into one exact integer per row and chunk: then one conversion and one FMA per chunk
@@ -32,7 +32,7 @@ static inline __attribute__((always_inline)) void q8x8_store(int N, const __m256
     for (int r = 0; r < N; r++) _mm256_storeu_ps(y + r * ldy, _mm256_add_ps(_mm256_add_ps(acc[r], ms[r]), b8));
 }
 
-/* Q4_0, Q4_1, Q8_0: rows r0..r0+N-1 of x against group g (p: its first byte): y[r, o..o+7]. */
+/* Q4_0, Q4_1, Q5_0, Q8_0: rows r0..r0+N-1 of x against group g (p: its first byte): y[r, o..o+7]. */
 static inline __attribute__((always_inline)) void q8x8_legacy_rows(int kind, int N, const q8_rows *xr, int64_t r0,
                                                                    int64_t inner, const uint8_t *p,
                                                                    const float *bias, float *y, int64_t ldy) {
@@ -57,6 +57,33 @@ static inline __attribute__((always_inline)) void q8x8_legacy_rows(int kind, int
                     Q8X8_KEEP(L[r]);
                 }
             }
+        } else if (kind == TQ_Q5_0) {
+            /* lane l's fifth bits: bits 4l..4l+3 (low nibbles) and 16 + 4l.. (high) of each row's qh, that is
+               byte l / 2 (and 2 + l / 2) at bit 4 (l % 2): broadcast to the row's 4 bytes, one bit each, to 0x10 */
+            const __m256i QH = _mm256_loadu_si256((const __m256i *)(c8 + 16)), five = _mm256_set1_epi8(0x10);
+            __m256i s[2][ROWS_X8];
+            for (int r = 0; r < N; r++) s[0][r] = s[1][r] = _mm256_setzero_si256();
+            for (int l = 0; l < 4; l++) {
+                const __m256i sel = _mm256_set1_epi32((int)(0x08040201u << (4 * (l % 2))));
+                const __m256i blo = _mm256_set1_epi32(0x01010101 * (l / 2)) , bhi = _mm256_set1_epi32(0x01010101 * (2 + l / 2));
+                const __m256i dw = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
+                                                    0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+                const __m256i flo = _mm256_shuffle_epi8(QH, _mm256_add_epi8(dw, blo));
+                const __m256i fhi = _mm256_shuffle_epi8(QH, _mm256_add_epi8(dw, bhi));
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(c8 + qs_at + 32 * l));
+                const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, nib),
+                                                   _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(flo, sel), sel), five));
+                const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), nib),
+                                                   _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(fhi, sel), sel), five));
+                for (int r = 0; r < N; r++) {        /* two lanes' pairs a sum: at most 8 * 31 * 127 = 31 496 */
+                    s[l / 2][r] = _mm256_add_epi16(s[l / 2][r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4[r][l])),
+                                                                                 _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4[r][l + 4]))));
+                    Q8X8_KEEP(s[l / 2][r]);
+                }
+            }
+            for (int r = 0; r < N; r++)               /* sum (q - 16) x = sum q x - 16 sum x */
+                L[r] = _mm256_sub_epi32(_mm256_add_epi32(_mm256_madd_epi16(s[0][r], ones), _mm256_madd_epi16(s[1][r], ones)),
+                                        _mm256_set1_epi32(16 * xr->t[(r0 + r) * nb + b]));
         } else {
             __m256i s[ROWS_X8];
             for (int r = 0; r < N; r++) s[r] = _mm256_setzero_si256();
@@ -204,7 +231,7 @@ static inline __attribute__((always_inline)) void q8x8_rows(int kind, int N, con
         case 1: q8x8_rows(KIND, 1, xr, r0, inner, p, bias, y, ldy); break;                                      \
         }                                                                                                       \
     }
-Q8X8_GROUP_FN(TQ_Q4_0) Q8X8_GROUP_FN(TQ_Q4_1) Q8X8_GROUP_FN(TQ_Q8_0) Q8X8_GROUP_FN(TQ_Q4_K) Q8X8_GROUP_FN(TQ_Q6_K)
+Q8X8_GROUP_FN(TQ_Q4_0) Q8X8_GROUP_FN(TQ_Q4_1) Q8X8_GROUP_FN(TQ_Q5_0) Q8X8_GROUP_FN(TQ_Q8_0) Q8X8_GROUP_FN(TQ_Q4_K) Q8X8_GROUP_FN(TQ_Q6_K)
 
 typedef void (*q8x8_group_fn)(const q8_rows *, int64_t, int64_t, int64_t, const uint8_t *, const float *, float *,
                               int64_t);
@@ -215,6 +242,7 @@ typedef void (*q8x8_group_fn)(const q8_rows *, int64_t, int64_t, int64_t, const 
 
 static q8x8_group_fn q8x8_group_of(int kind) {
     return kind == TQ_Q4_0 ? q8x8_group_TQ_Q4_0 : kind == TQ_Q4_1 ? q8x8_group_TQ_Q4_1
+         : kind == TQ_Q5_0 ? q8x8_group_TQ_Q5_0
          : kind == TQ_Q8_0 ? q8x8_group_TQ_Q8_0 : kind == TQ_Q4_K ? q8x8_group_TQ_Q4_K
          : kind == TQ_Q6_K ? q8x8_group_TQ_Q6_K : 0;
 }
