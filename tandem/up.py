@@ -125,6 +125,16 @@ def _label(kind: str, spec: str | None) -> str:
     return f"{kind} ({Path(str(spec)).name or spec})"
 
 
+def drafter_computes(drafter: str | None, lookup_only: bool) -> bool:
+    """Whether the drafter node runs a model (every node but the model-free suffix one, ``--drafter suffix``).
+    A model drafter on the verifier's cores slows the forward while it drafts ahead, so ``up`` tells the gateway
+    so (``--drafter-shares-cpus``); suffix drafting is a table lookup, and its blocks drafted ahead are what
+    makes repeated traffic fast (BENCHMARKS.md, fifteenth session)."""
+    from drafter_service.factory import MODEL_FREE_KINDS
+
+    return not lookup_only and str(drafter or "default") not in MODEL_FREE_KINDS
+
+
 def start_cluster(args) -> Cluster:
     """Starts the drafter and the gateway (with the target, or a separate verifier) and waits until all are
     healthy. Raises ValueError on bad CPU lists and PortInUse (a ValueError) on a port in use before starting
@@ -178,8 +188,8 @@ def start_cluster(args) -> Cluster:
                                   *(["--lookup-only", "--drafter", ""] if lookup_only
                                     else ["--drafter", f"{DEFAULT_HOST}:{drafter}"]),
                                   *(["--no-draft-ahead"] if getattr(args, "no_draft_ahead", False) else []),
-                                  *(["--drafter-shares-cpus"] if not lookup_only and cores_shared(v_cpus, d_cpus)
-                                    else []),
+                                  *(["--drafter-shares-cpus"] if drafter_computes(args.drafter, lookup_only)
+                                    and cores_shared(v_cpus, d_cpus) else []),
                                   "--draft-length", str(args.draft_length or "auto"),
                                   *(["--max-draft-length", str(args.max_draft_length)]
                                     if getattr(args, "max_draft_length", None) else []),
