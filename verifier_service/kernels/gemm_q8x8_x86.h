@@ -155,6 +155,60 @@ static inline __attribute__((always_inline)) void q8x8_q4_k_rows(int N, const q8
     q8x8_store(N, acc, ms, bias, y + r0 * ldy, ldy);
 }
 
+#ifdef TQ_Q8X8_512
+/* Q4_K on the avx512 path: the loop above with two lanes a register. One 64-byte load holds lanes l and l + 1
+   (adjacent in the layout), x's dwords l and l + 1 go to the low and high halves (one permute), and the
+   int16 sums of the two halves are added at the end of the chunk: the same integers per row and chunk (at
+   most 16 pairs of 2 * 15 * 127 in int16, as above), so the same FMAs and the same bits. (The same change to
+   Q6_K's loop measured slower on Zen 5 with 2 threads on a 3 B file: BENCHMARKS.md, fifteenth session.) */
+static inline __attribute__((always_inline)) void q8x8_q4_k_rows512(int N, const q8_rows *xr, int64_t r0, int64_t inner,
+                                                                    const uint8_t *p, const float *bias, float *y,
+                                                                    int64_t ldy) {
+    const int64_t nb = inner / 32;
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m512i pick[4];                                      /* dwords 2j (low half) and 2j + 1 (high half) */
+    for (int j = 0; j < 4; j++)
+        pick[j] = _mm512_inserti64x4(_mm512_set1_epi32(2 * j), _mm256_set1_epi32(2 * j + 1), 1);
+    __m256 acc[ROWS_X8], ms[ROWS_X8];
+    for (int r = 0; r < N; r++) acc[r] = ms[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < inner / QK_K; b++) {
+        const uint8_t *s8 = p + b * 8 * tq_q8x8_chunk_bytes(TQ_Q4_K);
+        const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s8));
+        const __m256 DM = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s8 + 16)));
+        for (int k = 0; k < 8; k++) {                    /* the offsets, in chunk order */
+            const __m256 m = _mm256_mul_ps(DM, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s8 + 96 + 8 * k)))));
+            const __m256 neg = _mm256_xor_ps(m, _mm256_set1_ps(-0.0f));
+            for (int r = 0; r < N; r++) ms[r] = _mm256_fmadd_ps(neg, _mm256_set1_ps(xr->s[(r0 + r) * nb + 8 * b + k]), ms[r]);
+        }
+        for (int c = 0; c < 8; c++) {
+            const __m256 SC = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                  _mm_loadl_epi64((const __m128i *)(s8 + 32 + 8 * c)))));
+            const int64_t xb = 8 * b + c;
+            __m512i s[ROWS_X8], xv[ROWS_X8];
+            for (int r = 0; r < N; r++) {
+                s[r] = _mm512_setzero_si512();
+                xv[r] = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xr->q + (r0 + r) * inner + 32 * xb)));
+            }
+            for (int j = 0; j < 4; j++) {
+                const __m512i q = _mm512_loadu_si512((const void *)(s8 + 160 + 32 * (8 * (c / 2) + 2 * j)));
+                const __m512i w = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(q, 4) : q, nib);
+                for (int r = 0; r < N; r++) {
+                    s[r] = _mm512_add_epi16(s[r], _mm512_maddubs_epi16(w, _mm512_permutexvar_epi32(pick[j], xv[r])));
+                    Q8X8_KEEP(s[r]);
+                }
+            }
+            for (int r = 0; r < N; r++) {
+                const __m256i s16 = _mm256_add_epi16(_mm512_castsi512_si256(s[r]), _mm512_extracti64x4_epi64(s[r], 1));
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(SC, _mm256_set1_ps(xr->d[(r0 + r) * nb + xb])),
+                                         _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)), acc[r]);
+            }
+        }
+    }
+    q8x8_store(N, acc, ms, bias, y + r0 * ldy, ldy);
+}
+#endif
+
 /* Q6_K: rows r0..r0+N-1 of x against group g, per super-block: chunk c = 4h + t rebuilds each lane's 6-bit
    weights q (0..63) from a nibble of ql pair 2h + t % 2 and bits 2t, 2t + 1 of qh half h, moved to bits 4-5 by
    one shift. They go in unsigned, as Q4_0's do: sum (q - 32) x = sum q x - 32 sum x, with sum x over the
@@ -214,7 +268,11 @@ static inline __attribute__((always_inline)) void q8x8_q6_k_rows(int N, const q8
 static inline __attribute__((always_inline)) void q8x8_rows(int kind, int N, const q8_rows *xr, int64_t r0,
                                                             int64_t inner, const uint8_t *p, const float *bias,
                                                             float *y, int64_t ldy) {
+#ifdef TQ_Q8X8_512
+    if (kind == TQ_Q4_K) q8x8_q4_k_rows512(N, xr, r0, inner, p, bias, y, ldy);
+#else
     if (kind == TQ_Q4_K) q8x8_q4_k_rows(N, xr, r0, inner, p, bias, y, ldy);
+#endif
     else if (kind == TQ_Q6_K) q8x8_q6_k_rows(N, xr, r0, inner, p, bias, y, ldy);
     else q8x8_legacy_rows(kind, N, xr, r0, inner, p, bias, y, ldy);
 }
