@@ -49,7 +49,7 @@ def model_flags(p) -> None:
     flag(p, "prefill-chunk", -1, int, help="prompt tokens per prefill forward: other sessions' steps run between "
          "chunks (sharing the machine about equally with them, so a chunk is the longest stall a long prompt puts "
          "on them), and a cancelled request stops at the next one (0: the whole prompt at once; -1: 32 where "
-         "every linear runs --activations int8 on 8 interleaved rows (Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K: those kernels cost the "
+         "every linear runs --activations int8 on 8 interleaved rows (Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K: those kernels cost the "
          "same a row at any width), else 256 (wide chunks run torch's GEMM, faster the wider)")
     flag(p, "max-batch-rows", 32, int, help="most rows in one verify forward: the blocks of every session waiting "
          "go into one forward (a plain step is 1 row, a block of k drafts k + 1) up to this many; 1: one session "

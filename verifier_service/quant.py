@@ -17,7 +17,7 @@ the rebuilt weights times x in fp32, agreeing with transformers' forward of the 
 'int8': x rounded to int8 per 32 values and multiplied in integers, llama.cpp's arithmetic for quantized
 weights (kernels/gemm_q8.h; the forward 20-40 % faster on Zen 3; each value of x moves by up to half a
 rounding step). Kinds without an int8 form (F32, F16, BF16) stay fp32. Rows are exact either way, so plain steps
-and verify blocks agree bit for bit whichever is chosen. On x86, int8 Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K weights are also copied
+and verify blocks agree bit for bit whichever is chosen. On x86, int8 Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K weights are also copied
 once into the x8 layout (8 weight rows interleaved, ``QuantWeight.x8``), which computes the same bits with
 less work per weight; ``rows()`` reads it too, so a GGUF target's loader releases the file's pages
 (``GgufModel._weight``): the copy takes their place in RAM.
@@ -36,7 +36,7 @@ from verifier_service import native
 
 KINDS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 INT8_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")   # kernels/gemm_q8.h
-X8_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")   # int8 also on 8 interleaved weight rows (kernels/gemm_q8x8_x86.h)
+X8_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")   # int8 also on 8 interleaved weight rows (kernels/gemm_q8x8_x86.h)
 ACTIVATIONS = ("fp32", "int8")
 ACTIVATIONS_ENV = "TANDEM_ACTIVATIONS"
 CHUNK = 32   # every row is whole 32-weight chunks (and whole blocks of its kind)

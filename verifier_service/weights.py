@@ -6,7 +6,7 @@
     runs the same code, so a row's result does not depend on the block width. Wider inputs (prefill
     chunks, compute-bound) dequantize ``CHUNK_WEIGHTS`` weights at a time into a scratch tensor and run
     torch's GEMM on it: no fp32 copy of the weight is kept. With int8 activations, a weight with an x8 copy
-    (Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K) takes every width in the block kernels (their integer multiply-adds beat torch's
+    (Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K) takes every width in the block kernels (their integer multiply-adds beat torch's
     fp32 GEMM on prefill chunks too: about 2x on Zen 3), so a prompt's linears are computed as its plain
     steps' are; the other kinds' kernels read 8 rows at a time from the file's layout, slower than torch there.
   * ``DenseWeight``: an fp32 tensor (a transformers model's weight, or a GGUF block type without a kernel

@@ -68,7 +68,7 @@ static inline void tq_q8_quantize_row(const float *x, int64_t inner, int8_t *q, 
 }
 
 /* ---- 8 weight rows interleaved (the "x8" layout) ---------------------------------------------------------
-   Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights may also be read from a copy in which 8 weight rows are interleaved, so that
+   Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K weights may also be read from a copy in which 8 weight rows are interleaved, so that
    one 32-byte load holds 4 consecutive weights of each of 8 rows and one vector of accumulators holds
    8 outputs: the same integer sums, the same FMAs and the same additions per output as above
    (bit-identical results), with the weight decoding and the scale conversions shared by 8 rows. Group g
@@ -79,19 +79,21 @@ static inline void tq_q8_quantize_row(const float *x, int64_t inner, int8_t *q, 
    Q4_K is laid out per 256-weight super-block (8 chunks, 8 x 148 bytes): d[8], dmin[8] (fp16), sc[8 chunks][8
    rows] and m[8][8] (the 6-bit scales and mins, unpacked to bytes), then qs[4 pairs][8 lanes][32]:
    qs[p][l][4c + j] = row c's qs[32p + 4l + j] (low nibbles: chunk 2p's weights 4l + j, high: chunk 2p + 1's).
+   Q5_K is Q4_K's layout with the fifth bits before qs (8 x 180 bytes): d[8], dmin[8], sc[8][8], m[8][8], then
+   qh[8 lanes][32]: qh[l][4c + j] = row c's qh[4l + j] (bit k: chunk k's weight 4l + j), then qs as Q4_K's.
    Q6_K is laid out per super-block too (8 x 210 bytes): d[8] (fp16), sc[16 sub-blocks][8 rows] (int8), then
    ql[4][8 lanes][32]: ql[p][l][4c + j] = row c's ql[32p + 4l + j] (chunk 4h + t reads pair 2h + t % 2, low
    nibbles for t < 2), then qh[2][8 lanes][32]: qh[h][l][4c + j] = row c's qh[32h + 4l + j] (bits 2t, 2t + 1).
    The same bytes as the file's blocks, reordered (Q4_K: its scales unpacked, 32 bytes more a group). */
 static inline int tq_q8x8_kind_ok(int kind) {
     return kind == TQ_Q4_0 || kind == TQ_Q4_1 || kind == TQ_Q5_0 || kind == TQ_Q8_0 || kind == TQ_Q4_K
-        || kind == TQ_Q6_K;
+        || kind == TQ_Q5_K || kind == TQ_Q6_K;
 }
 
 static inline int64_t tq_q8x8_chunk_bytes(int kind) {
     return kind == TQ_Q4_0 ? 144 : kind == TQ_Q4_1 ? 160 : kind == TQ_Q5_0 ? 176 : kind == TQ_Q8_0 ? 272
          : kind == TQ_Q4_K ? 148
-         : kind == TQ_Q6_K ? 210 : 0;
+         : kind == TQ_Q5_K ? 180 : kind == TQ_Q6_K ? 210 : 0;
 }
 
 /* Q6_K x8 super-block: where sc, ql and qh start. */

@@ -71,7 +71,9 @@ int tq_pack_q8x8(int kind, const uint8_t *w, int64_t ldw, int64_t out, int64_t i
             }
         return 0;
     }
-    if (kind == TQ_Q4_K) {
+    if (kind == TQ_Q4_K || kind == TQ_Q5_K) {
+        const int five = kind == TQ_Q5_K, x8_qs = five ? 416 : 160;
+        const size_t qs = five ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs);
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t g = 0; g < out / 8; g++)
             for (int64_t b = 0; b < inner / QK_K; b++) {
@@ -82,9 +84,12 @@ int tq_pack_q8x8(int kind, const uint8_t *w, int64_t ldw, int64_t out, int64_t i
                     memcpy(s8 + 16 + 2 * c, blk + 2, 2);
                     for (int k = 0; k < 8; k++)
                         tq_scale_min_k4(k, blk + offsetof(block_q4_K, scales), s8 + 32 + 8 * k + c, s8 + 96 + 8 * k + c);
+                    if (five)
+                        for (int l = 0; l < 8; l++)
+                            memcpy(s8 + 160 + 32 * l + 4 * c, blk + offsetof(block_q5_K, qh) + 4 * l, 4);
                     for (int p = 0; p < 4; p++)
                         for (int l = 0; l < 8; l++)
-                            memcpy(s8 + 160 + 32 * (8 * p + l) + 4 * c, blk + offsetof(block_q4_K, qs) + 32 * p + 4 * l, 4);
+                            memcpy(s8 + x8_qs + 32 * (8 * p + l) + 4 * c, blk + qs + 32 * p + 4 * l, 4);
                 }
             }
         return 0;
@@ -132,7 +137,8 @@ int tq_dequantize_rows_q8x8(int kind, const uint8_t *p, int64_t inner, const int
             }
             continue;
         }
-        if (kind == TQ_Q4_K) {                 /* quants.h's formula, from the unpacked scales and mins */
+        if (kind == TQ_Q4_K || kind == TQ_Q5_K) {   /* quants.h's formula, from the unpacked scales and mins */
+            const int five = kind == TQ_Q5_K, x8_qs = five ? 416 : 160;
             for (int64_t b = 0; b < inner / QK_K; b++) {
                 const uint8_t *s8 = p + (g * nb + 8 * b) * cb;
                 const float d = tq_half_to_float(tq_u16(s8 + 2 * c)), dmin = tq_half_to_float(tq_u16(s8 + 16 + 2 * c));
@@ -141,8 +147,9 @@ int tq_dequantize_rows_q8x8(int kind, const uint8_t *p, int64_t inner, const int
                     const float dsc = d * (float)s8[32 + 8 * k + c], dm = dmin * (float)s8[96 + 8 * k + c];
                     for (int l = 0; l < 8; l++)
                         for (int j = 0; j < 4; j++) {
-                            const uint8_t byte = s8[160 + 32 * (8 * (k / 2) + l) + 4 * c + j];
-                            yb[32 * k + 4 * l + j] = dsc * (float)((byte >> (4 * (k % 2))) & 0x0F) - dm;
+                            const uint8_t byte = s8[x8_qs + 32 * (8 * (k / 2) + l) + 4 * c + j];
+                            const int hi = five ? ((s8[160 + 32 * l + 4 * c + j] >> k) & 1) << 4 : 0;
+                            yb[32 * k + 4 * l + j] = dsc * (float)(((byte >> (4 * (k % 2))) & 0x0F) | hi) - dm;
                         }
                 }
             }

@@ -1,6 +1,6 @@
 /* The int8-activation GEMM (gemm_q8.h) with AVX2 integer multiply-adds; built for the avx2 path
    (gemm_q8_avx2.c) and, unchanged, for the avx512 path (gemm_q8_avx512.c). Reference: gemm_q8_generic.c.
-   Kinds without the x8 layout (Q5_1, Q5_K) run here, and the others where a weight has no x8
+   Kinds without the x8 layout (Q5_1) run here, and the others where a weight has no x8
    copy.
 
    A chunk's 32 integer weights sit in one register in weight order (nibbles: low ones are weights 0-15,

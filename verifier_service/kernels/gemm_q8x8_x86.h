@@ -1,5 +1,5 @@
 /* The int8-activation GEMM on the x8 layout (gemm_q8.h: 8 weight rows interleaved) for Q4_0, Q4_1, Q5_0,
-   Q8_0, Q4_K and Q6_K, x86 paths. Per 32-weight chunk: one conversion gives the 8 rows' scales, and per lane l one
+   Q8_0, Q4_K, Q5_K and Q6_K, x86 paths. Per 32-weight chunk: one conversion gives the 8 rows' scales, and per lane l one
    32-byte load gives weights 4l..4l+3 of the 8 rows; x's 4 bytes 4l..4l+3 are broadcast to every lane, so
    vpmaddubsw gives each row's products in pairs (int16) and the chunk's pairs add up in int16 (Q8_0: in
    int32 after vpmaddwd) into one exact integer per row and chunk: then one conversion and one FMA per chunk
@@ -155,6 +155,52 @@ static inline __attribute__((always_inline)) void q8x8_q4_k_rows(int N, const q8
     q8x8_store(N, acc, ms, bias, y + r0 * ldy, ldy);
 }
 
+/* Q5_K: Q4_K's loop with each lane's fifth bits (bit c of the lane's qh bytes for chunk c) moved to 0x10;
+   weights up to 31, so a chunk's lanes 0-3 and 4-7 add up in int16 apart (at most 8 * 31 * 127 = 31 496 each)
+   and then in int32: the same integers as gemm_q8.h, the same FMAs. */
+static inline __attribute__((always_inline)) void q8x8_q5_k_rows(int N, const q8_rows *xr, int64_t r0, int64_t inner,
+                                                                 const uint8_t *p, const float *bias, float *y,
+                                                                 int64_t ldy) {
+    const int64_t nb = inner / 32;
+    const __m256i nib = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(0x01), ones = _mm256_set1_epi16(1);
+    __m256 acc[ROWS_X8], ms[ROWS_X8];
+    for (int r = 0; r < N; r++) acc[r] = ms[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < inner / QK_K; b++) {
+        const uint8_t *s8 = p + b * 8 * tq_q8x8_chunk_bytes(TQ_Q5_K);
+        const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s8));
+        const __m256 DM = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s8 + 16)));
+        for (int k = 0; k < 8; k++) {                    /* the offsets, in chunk order */
+            const __m256 m = _mm256_mul_ps(DM, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s8 + 96 + 8 * k)))));
+            const __m256 neg = _mm256_xor_ps(m, _mm256_set1_ps(-0.0f));
+            for (int r = 0; r < N; r++) ms[r] = _mm256_fmadd_ps(neg, _mm256_set1_ps(xr->s[(r0 + r) * nb + 8 * b + k]), ms[r]);
+        }
+        for (int c = 0; c < 8; c++) {
+            const __m256 SC = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                  _mm_loadl_epi64((const __m128i *)(s8 + 32 + 8 * c)))));
+            const __m128i bit = _mm_cvtsi32_si128(c);
+            const int64_t xb = 8 * b + c;
+            __m256i s[2][ROWS_X8];
+            for (int r = 0; r < N; r++) s[0][r] = s[1][r] = _mm256_setzero_si256();
+            for (int l = 0; l < 8; l++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(s8 + 416 + 32 * (8 * (c / 2) + l)));
+                const __m256i h = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(s8 + 160 + 32 * l)), bit), one);
+                const __m256i w = _mm256_or_si256(_mm256_and_si256(c % 2 ? _mm256_srli_epi16(q, 4) : q, nib),
+                                                  _mm256_slli_epi16(h, 4));
+                for (int r = 0; r < N; r++) {
+                    s[l / 4][r] = _mm256_add_epi16(s[l / 4][r], _mm256_maddubs_epi16(w, _mm256_set1_epi32(
+                                      ((const int32_t *)(xr->q + (r0 + r) * inner + 32 * xb))[l])));
+                    Q8X8_KEEP(s[l / 4][r]);
+                }
+            }
+            for (int r = 0; r < N; r++)
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(SC, _mm256_set1_ps(xr->d[(r0 + r) * nb + xb])),
+                                         _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(s[0][r], ones),
+                                                                             _mm256_madd_epi16(s[1][r], ones))), acc[r]);
+        }
+    }
+    q8x8_store(N, acc, ms, bias, y + r0 * ldy, ldy);
+}
+
 #ifdef TQ_Q8X8_512
 /* Q4_K on the avx512 path: the loop above with two lanes a register. One 64-byte load holds lanes l and l + 1
    (adjacent in the layout), x's dwords l and l + 1 go to the low and high halves (one permute), and the
@@ -273,6 +319,7 @@ static inline __attribute__((always_inline)) void q8x8_rows(int kind, int N, con
 #else
     if (kind == TQ_Q4_K) q8x8_q4_k_rows(N, xr, r0, inner, p, bias, y, ldy);
 #endif
+    else if (kind == TQ_Q5_K) q8x8_q5_k_rows(N, xr, r0, inner, p, bias, y, ldy);
     else if (kind == TQ_Q6_K) q8x8_q6_k_rows(N, xr, r0, inner, p, bias, y, ldy);
     else q8x8_legacy_rows(kind, N, xr, r0, inner, p, bias, y, ldy);
 }
@@ -289,7 +336,7 @@ static inline __attribute__((always_inline)) void q8x8_rows(int kind, int N, con
         case 1: q8x8_rows(KIND, 1, xr, r0, inner, p, bias, y, ldy); break;                                      \
         }                                                                                                       \
     }
-Q8X8_GROUP_FN(TQ_Q4_0) Q8X8_GROUP_FN(TQ_Q4_1) Q8X8_GROUP_FN(TQ_Q5_0) Q8X8_GROUP_FN(TQ_Q8_0) Q8X8_GROUP_FN(TQ_Q4_K) Q8X8_GROUP_FN(TQ_Q6_K)
+Q8X8_GROUP_FN(TQ_Q4_0) Q8X8_GROUP_FN(TQ_Q4_1) Q8X8_GROUP_FN(TQ_Q5_0) Q8X8_GROUP_FN(TQ_Q8_0) Q8X8_GROUP_FN(TQ_Q4_K) Q8X8_GROUP_FN(TQ_Q5_K) Q8X8_GROUP_FN(TQ_Q6_K)
 
 typedef void (*q8x8_group_fn)(const q8_rows *, int64_t, int64_t, int64_t, const uint8_t *, const float *, float *,
                               int64_t);
@@ -302,7 +349,7 @@ static q8x8_group_fn q8x8_group_of(int kind) {
     return kind == TQ_Q4_0 ? q8x8_group_TQ_Q4_0 : kind == TQ_Q4_1 ? q8x8_group_TQ_Q4_1
          : kind == TQ_Q5_0 ? q8x8_group_TQ_Q5_0
          : kind == TQ_Q8_0 ? q8x8_group_TQ_Q8_0 : kind == TQ_Q4_K ? q8x8_group_TQ_Q4_K
-         : kind == TQ_Q6_K ? q8x8_group_TQ_Q6_K : 0;
+         : kind == TQ_Q5_K ? q8x8_group_TQ_Q5_K : kind == TQ_Q6_K ? q8x8_group_TQ_Q6_K : 0;
 }
 
 /* y = x W^T (+ bias) with W [out, inner] in the x8 layout at p (out a multiple of 8). 0, or -1. */
