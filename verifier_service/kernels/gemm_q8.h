@@ -41,10 +41,12 @@ static inline int tq_q8_has_offset(int kind) {
     return kind == TQ_Q4_1 || kind == TQ_Q5_1 || kind == TQ_Q4_K || kind == TQ_Q5_K;
 }
 
-/* Row r of x rounded as above: q [inner] int8, d, s and t [inner / 32] (t: the integer sum of each block's q,
-   which the x8 kernel uses to read Q4_0's nibbles unsigned). Plain C on every ISA (each a single IEEE
-   operation or an exact one, so vectorised or not the bits are these). */
-static inline void tq_q8_quantize_row(const float *x, int64_t inner, int8_t *q, float *d, float *s, int32_t *t) {
+/* Row r of x rounded as above: q [inner] int8, d, s, t and h [inner / 32] (t: the integer sum of each block's q,
+   h: of its first 16; the x8 kernels read Q4_0/Q5_0 (t) and Q6_K (h, t - h) weights unsigned with them). Plain C
+   on every ISA (each a single IEEE operation or an exact one, so vectorised or not the bits are these); h is
+   summed after the rounding loop: inside it, the loop stopped vectorising (x8 GEMMs 5-9 % slower at w8). */
+static inline void tq_q8_quantize_row(const float *x, int64_t inner, int8_t *q, float *d, float *s, int32_t *t,
+                                      int32_t *h) {
     for (int64_t b = 0; b < inner / 32; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
@@ -61,6 +63,9 @@ static inline void tq_q8_quantize_row(const float *x, int64_t inner, int8_t *q, 
             q[32 * b + j] = (int8_t)iv;
             sum += iv;
         }
+        int lower = 0;
+        for (int j = 0; j < 16; j++) lower += q[32 * b + j];
+        h[b] = lower;
         d[b] = db;
         s[b] = db * (float)sum;
         t[b] = sum;
@@ -96,8 +101,9 @@ static inline int64_t tq_q8x8_chunk_bytes(int kind) {
          : kind == TQ_Q5_K ? 180 : kind == TQ_Q6_K ? 210 : 0;
 }
 
-/* Q6_K x8 super-block: where sc, ql and qh start. */
-enum { TQ_Q6X8_SC = 16, TQ_Q6X8_QL = 144, TQ_Q6X8_QH = 144 + 1024 };
+/* Q4_K/Q5_K x8 super-block: where sc, m, (Q5_K) qh and qs start; Q6_K's: where sc, ql and qh start. */
+enum { TQ_K4X8_SC = 32, TQ_K4X8_M = 96, TQ_K5X8_QH = 160, TQ_Q6X8_SC = 16, TQ_Q6X8_QL = 144, TQ_Q6X8_QH = 144 + 1024 };
+static inline int tq_k4x8_qs_offset(int kind) { return kind == TQ_Q5_K ? TQ_K5X8_QH + 256 : TQ_K5X8_QH; }
 
 /* Q4_0/Q4_1/Q5_0/Q8_0 x8 chunks: where qs starts (after d[8], and m[8] for Q4_1, qh[8] for Q5_0), and its
    32-byte lane rows. */

@@ -64,14 +64,9 @@ static q8_rows q8_quantize(const float *x, int64_t n, int64_t inner, int threads
     r.h = r.t + n * nb;
     r.q = (int8_t *)(r.h + n * nb);
 #pragma omp parallel for num_threads(threads) schedule(static) if (n * inner >= 65536)
-    for (int64_t i = 0; i < n; i++) {
-        tq_q8_quantize_row(x + i * inner, inner, r.q + i * inner, r.d + i * nb, r.s + i * nb, r.t + i * nb);
-        for (int64_t b = 0; b < nb; b++) {
-            int sum = 0;
-            for (int j = 0; j < 16; j++) sum += r.q[i * inner + 32 * b + j];
-            r.h[i * nb + b] = sum;
-        }
-    }
+    for (int64_t i = 0; i < n; i++)
+        tq_q8_quantize_row(x + i * inner, inner, r.q + i * inner, r.d + i * nb, r.s + i * nb, r.t + i * nb,
+                           r.h + i * nb);
     return r;
 }
 

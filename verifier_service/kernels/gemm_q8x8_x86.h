@@ -113,6 +113,25 @@ static inline __attribute__((always_inline)) void q8x8_legacy_rows(int kind, int
     q8x8_store(N, acc, ms, bias, y + r0 * ldy, ldy);
 }
 
+/* Q4_K/Q5_K super-block b at s8: adds its 8 chunks' offsets -(dmin * m) times each row's block sums to ms (in
+   chunk order) and returns the 8 rows' d. */
+static inline __attribute__((always_inline)) __m256 q8x8_k4_offsets(int N, const q8_rows *xr, int64_t r0, int64_t nb,
+                                                                    int64_t b, const uint8_t *s8, __m256 *ms) {
+    const __m256 DM = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s8 + 16)));
+    for (int k = 0; k < 8; k++) {
+        const __m256 m = _mm256_mul_ps(DM, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                             _mm_loadl_epi64((const __m128i *)(s8 + TQ_K4X8_M + 8 * k)))));
+        const __m256 neg = _mm256_xor_ps(m, _mm256_set1_ps(-0.0f));
+        for (int r = 0; r < N; r++) ms[r] = _mm256_fmadd_ps(neg, _mm256_set1_ps(xr->s[(r0 + r) * nb + 8 * b + k]), ms[r]);
+    }
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s8));
+}
+
+/* Chunk c's d * sc for the 8 rows (the products quants.h's tq_k4_decode makes). */
+static inline __attribute__((always_inline)) __m256 q8x8_k4_scale(__m256 D, const uint8_t *s8, int c) {
+    return _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s8 + TQ_K4X8_SC + 8 * c)))));
+}
+
 /* Q4_K: rows r0..r0+N-1 of x against group g, per super-block: the offsets -(dmin * m) of its 8 chunks,
    then chunk pairs from one byte array (low nibbles: chunk 2pr, high: 2pr + 1), each chunk's 8 rows'
    d * sc (the products quants.h's tq_k4_decode makes) times d_b. */
@@ -125,21 +144,14 @@ static inline __attribute__((always_inline)) void q8x8_q4_k_rows(int N, const q8
     for (int r = 0; r < N; r++) acc[r] = ms[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < inner / QK_K; b++) {
         const uint8_t *s8 = p + b * 8 * tq_q8x8_chunk_bytes(TQ_Q4_K);
-        const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s8));
-        const __m256 DM = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s8 + 16)));
-        for (int k = 0; k < 8; k++) {                    /* the offsets, in chunk order */
-            const __m256 m = _mm256_mul_ps(DM, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s8 + 96 + 8 * k)))));
-            const __m256 neg = _mm256_xor_ps(m, _mm256_set1_ps(-0.0f));
-            for (int r = 0; r < N; r++) ms[r] = _mm256_fmadd_ps(neg, _mm256_set1_ps(xr->s[(r0 + r) * nb + 8 * b + k]), ms[r]);
-        }
+        const __m256 D = q8x8_k4_offsets(N, xr, r0, nb, b, s8, ms);
         for (int c = 0; c < 8; c++) {                    /* chunk c: the low (c even) or high nibbles of pair c / 2 */
-            const __m256 SC = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                  _mm_loadl_epi64((const __m128i *)(s8 + 32 + 8 * c)))));
+            const __m256 SC = q8x8_k4_scale(D, s8, c);
             const int64_t xb = 8 * b + c;
             __m256i s[ROWS_X8];
             for (int r = 0; r < N; r++) s[r] = _mm256_setzero_si256();
             for (int l = 0; l < 8; l++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(s8 + 160 + 32 * (8 * (c / 2) + l)));
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(s8 + tq_k4x8_qs_offset(TQ_Q4_K) + 32 * (8 * (c / 2) + l)));
                 const __m256i w = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(q, 4) : q, nib);
                 for (int r = 0; r < N; r++) {
                     s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(w, _mm256_set1_epi32(
@@ -167,23 +179,16 @@ static inline __attribute__((always_inline)) void q8x8_q5_k_rows(int N, const q8
     for (int r = 0; r < N; r++) acc[r] = ms[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < inner / QK_K; b++) {
         const uint8_t *s8 = p + b * 8 * tq_q8x8_chunk_bytes(TQ_Q5_K);
-        const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s8));
-        const __m256 DM = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s8 + 16)));
-        for (int k = 0; k < 8; k++) {                    /* the offsets, in chunk order */
-            const __m256 m = _mm256_mul_ps(DM, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s8 + 96 + 8 * k)))));
-            const __m256 neg = _mm256_xor_ps(m, _mm256_set1_ps(-0.0f));
-            for (int r = 0; r < N; r++) ms[r] = _mm256_fmadd_ps(neg, _mm256_set1_ps(xr->s[(r0 + r) * nb + 8 * b + k]), ms[r]);
-        }
+        const __m256 D = q8x8_k4_offsets(N, xr, r0, nb, b, s8, ms);
         for (int c = 0; c < 8; c++) {
-            const __m256 SC = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                  _mm_loadl_epi64((const __m128i *)(s8 + 32 + 8 * c)))));
+            const __m256 SC = q8x8_k4_scale(D, s8, c);
             const __m128i bit = _mm_cvtsi32_si128(c);
             const int64_t xb = 8 * b + c;
             __m256i s[2][ROWS_X8];
             for (int r = 0; r < N; r++) s[0][r] = s[1][r] = _mm256_setzero_si256();
             for (int l = 0; l < 8; l++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(s8 + 416 + 32 * (8 * (c / 2) + l)));
-                const __m256i h = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(s8 + 160 + 32 * l)), bit), one);
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(s8 + tq_k4x8_qs_offset(TQ_Q5_K) + 32 * (8 * (c / 2) + l)));
+                const __m256i h = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(s8 + TQ_K5X8_QH + 32 * l)), bit), one);
                 const __m256i w = _mm256_or_si256(_mm256_and_si256(c % 2 ? _mm256_srli_epi16(q, 4) : q, nib),
                                                   _mm256_slli_epi16(h, 4));
                 for (int r = 0; r < N; r++) {
@@ -220,16 +225,9 @@ static inline __attribute__((always_inline)) void q8x8_q4_k_rows512(int N, const
     for (int r = 0; r < N; r++) acc[r] = ms[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < inner / QK_K; b++) {
         const uint8_t *s8 = p + b * 8 * tq_q8x8_chunk_bytes(TQ_Q4_K);
-        const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s8));
-        const __m256 DM = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s8 + 16)));
-        for (int k = 0; k < 8; k++) {                    /* the offsets, in chunk order */
-            const __m256 m = _mm256_mul_ps(DM, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s8 + 96 + 8 * k)))));
-            const __m256 neg = _mm256_xor_ps(m, _mm256_set1_ps(-0.0f));
-            for (int r = 0; r < N; r++) ms[r] = _mm256_fmadd_ps(neg, _mm256_set1_ps(xr->s[(r0 + r) * nb + 8 * b + k]), ms[r]);
-        }
+        const __m256 D = q8x8_k4_offsets(N, xr, r0, nb, b, s8, ms);
         for (int c = 0; c < 8; c++) {
-            const __m256 SC = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                  _mm_loadl_epi64((const __m128i *)(s8 + 32 + 8 * c)))));
+            const __m256 SC = q8x8_k4_scale(D, s8, c);
             const int64_t xb = 8 * b + c;
             __m512i s[ROWS_X8], xv[ROWS_X8];
             for (int r = 0; r < N; r++) {
@@ -237,7 +235,7 @@ static inline __attribute__((always_inline)) void q8x8_q4_k_rows512(int N, const
                 xv[r] = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xr->q + (r0 + r) * inner + 32 * xb)));
             }
             for (int j = 0; j < 4; j++) {
-                const __m512i q = _mm512_loadu_si512((const void *)(s8 + 160 + 32 * (8 * (c / 2) + 2 * j)));
+                const __m512i q = _mm512_loadu_si512((const void *)(s8 + tq_k4x8_qs_offset(TQ_Q4_K) + 32 * (8 * (c / 2) + 2 * j)));
                 const __m512i w = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(q, 4) : q, nib);
                 for (int r = 0; r < N; r++) {
                     s[r] = _mm512_add_epi16(s[r], _mm512_maddubs_epi16(w, _mm512_permutexvar_epi32(pick[j], xv[r])));
