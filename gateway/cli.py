@@ -39,8 +39,8 @@ def configure(p) -> None:
          choices=("coupled", "rejection"))
     flag(p, "no-draft-ahead", help="ask the drafter for each block when the round needs it (Propose), instead of "
          "having it draft the next block while the verifier checks this one (its DraftAhead stream)", cast=bool)
-    flag(p, "drafter-shares-cpus", help="the drafter runs on the verifier's cores (one box; `tandem up` sets it "
-         "unless --drafter-cpus and --verifier-cpus are disjoint): no drafting ahead (it would take cores from the "
+    flag(p, "drafter-shares-cpus", help="the drafter runs a model on the verifier's cores (one box; `tandem up` sets "
+         "it for a model drafter unless --drafter-cpus and --verifier-cpus are disjoint): no drafting ahead (it would take cores from the "
          "forward it overlaps), and the draft-length choice counts a drafted token's time against every session "
          "that shares the verifier's forward", cast=bool)
     flag(p, "lookup-only", help="no drafter node: speculate only with blocks that prompt lookup over the sequence "

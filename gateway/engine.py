@@ -319,7 +319,8 @@ class Gateway:
                           max_context=self.drafting_context(), trace_context=telemetry.context_with(span),
                           lookup=(LOOKUP_ONLY_RULE if copying else self._drafter_info.lookup
                                   if drafter is not None and self._drafter_info else None),
-                          local_lookup=self.config.local_lookup, draft_ahead=self.config.draft_ahead and not self.config.drafter_shares_cpus,
+                          local_lookup=self.config.local_lookup,
+                          draft_ahead=self.config.draft_ahead and not self.config.drafter_shares_cpus,
                           drafter_timeout_s=getattr(drafter, "timeout_s", 15.0))
         generated: list[int] = []
         detokenizer = IncrementalDetokenizer(self.tokenizer, skip_ids=self._skip_ids)   # new text only, each round

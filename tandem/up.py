@@ -45,9 +45,9 @@ def configure(p):
     flag(p, "lookup-only", help="no drafter node: the gateway speculates only with blocks prompt lookup supplies, "
          "copied from the sequence itself (shows what the drafter node adds)", cast=bool)
     flag(p, "no-draft-ahead", help="the gateway asks the drafter for each block when the round needs it instead "
-         "of having it draft the next block while the verifier checks this one (drafting ahead is already off "
-         "unless --drafter-cpus and --verifier-cpus are disjoint: on shared cores it would slow the forward it "
-         "overlaps)", cast=bool)
+         "of having it draft the next block while the verifier checks this one (a model drafter already drafts "
+         "only when asked unless --drafter-cpus and --verifier-cpus are disjoint: on shared cores drafting ahead "
+         "would slow the forward it overlaps)", cast=bool)
     flag(p, "drafter-threads", 1, int, help="ONNX Runtime threads of the drafter")
     flag(p, "verifier-threads", 0, int, help="torch threads of the verifier (0: torch's default)")
     flag(p, "activations", "fp32", help="the verifier's arithmetic on a GGUF file's blocks: 'fp32' (agrees with "

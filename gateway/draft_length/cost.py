@@ -31,7 +31,7 @@ sessions share the forward, only blocks that are likely accepted are drafted: a 
 takes a share of a forward that every session waits for. With no other rows the rule is the
 single-session one.
 
-A drafter on the verifier's cores (``shared_cpus``: one box, ``tandem up``'s default) drafts while the
+A model drafter on the verifier's cores (``shared_cpus``: one box, ``tandem up``'s default) drafts while the
 verifier runs the other sessions' forward, and takes a core from it: a drafted token's time is then
 counted once for this session's round and once for each of the o others (the forward they wait for runs
 about that much longer), the same form as the delay a draft row adds.
