@@ -7,6 +7,7 @@ this process (tests/harness.py's loop thread) so the test can look at their sess
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
@@ -271,13 +272,13 @@ def test_cancelled_requests_free_their_sessions_at_once(stack, target):
 
 def test_beyond_max_concurrent_requests_is_resource_exhausted_at_once(stack, target):
     gate = threading.Event()
-    real_start = target.start
+    real_start = target.astart                                   # what the verifier's StartSession awaits
 
-    def held_start(*a, **kw):
-        gate.wait(30)
-        return real_start(*a, **kw)
+    async def held_start(*a, **kw):                              # held off the loop the servers share
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait, 30)
+        return await real_start(*a, **kw)
 
-    target.start = held_start
+    target.astart = held_start
     try:
         held = [stack.stub.Generate.future(req(max_tokens=8), timeout=60) for _ in range(2)]
         assert wait_until(lambda: stack.gateway.active_requests == 2, 10)
@@ -292,7 +293,7 @@ def test_beyond_max_concurrent_requests_is_resource_exhausted_at_once(stack, tar
         assert len(stack.stub.Generate(req(max_tokens=8), timeout=30).token_ids) == 8
     finally:
         gate.set()
-        del target.start
+        del target.astart
 
 
 def test_idle_sessions_are_evicted_after_the_ttl(lt, tiny_long_target_dir, tiny_long_drafter_onnx):
