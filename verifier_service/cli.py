@@ -39,7 +39,8 @@ def model_flags(p) -> None:
          "(bit-identical logits, so greedy speculative output equals plain decoding exactly); 'off' saves ~3 ms at "
          "block width 8")
     flag(p, "isa", "auto", help="the C kernels' instruction set: 'auto' (the best this CPU runs), or force one: "
-         "'avx512', 'avx2', 'generic' (plain C, any CPU); a CPU that lacks it is an error")
+         "'avx512vnni' (avx512 with the int8 GEMM on VNNI: the same bits), 'avx512', 'avx2', 'generic' (plain C, any "
+         "CPU); a CPU that lacks it is an error")
     flag(p, "activations", "fp32", help="how the C kernels multiply a GGUF file's quantized blocks: 'fp32' (the "
          "weights rebuilt exactly and multiplied in fp32: agrees with transformers' forward of the file to fp32 "
          "rounding) or 'int8' (each row of activations rounded to int8 per 32 values and multiplied in integers, as "

@@ -4,12 +4,15 @@ row-wise glue, one source per ISA beside a plain-C reference:
   generic  gemm_generic.c, ops_generic.c   plain C, baseline flags: the reference and the portable path (ARM)
   avx2     gemm_avx2.c, ops_avx2.c         AVX2 + FMA + F16C (Intel since Haswell, AMD Zen)
   avx512   gemm_avx512.c, ops_avx512.c     AVX-512 F/BW/VL + FMA + F16C
+  avx512vnni  gemm_q8x8_avx512vnni.c       the avx512 path with its x8 int8 GEMM on VNNI (vpdpbusd), 16 weight
+                                           rows a register: the same bits as avx512, several times the
+                                           arithmetic a cycle (Zen 4/5, Intel since Ice Lake)
 
 Every source an x86-64 machine can build goes into one shared library (non-x86: the generic ones), compiled
 on first use with the system's C compiler (each file with its own -m flags) into ``$XDG_CACHE_HOME/tandem``:
 one file per source version, flags and torch version, built under a temporary name and renamed, so
 concurrent starts are safe. The ISA is chosen at run time (``isa()``): the best this CPU runs
-(avx512f+bw+vl+fma+f16c -> avx512; avx2+fma+f16c -> avx2; else generic), or the one ``TANDEM_ISA``
+(avx512 + avx512_vnni -> avx512vnni; avx512f+bw+vl+fma+f16c -> avx512; avx2+fma+f16c -> avx2; else generic), or the one ``TANDEM_ISA``
 (the verifier's ``--isa``) names. Within one ISA every row of a block runs the same instructions whatever
 the block width or thread count (exact rows); across ISAs results agree to fp32 rounding.
 
@@ -36,20 +39,24 @@ from pathlib import Path
 import torch
 
 KERNELS = Path(__file__).with_name("kernels")
-ISAS = ("avx512", "avx2", "generic")
+ISAS = ("avx512vnni", "avx512", "avx2", "generic")
 ENV = "TANDEM_ISA"
 SOURCES = {"generic": ("gemm_generic.c", "gemm_q8_generic.c", "ops_generic.c", "decoder_layers.c"),
            "avx2": ("gemm_avx2.c", "gemm_q8_avx2.c", "ops_avx2.c"),
-           "avx512": ("gemm_avx512.c", "gemm_q8_avx512.c", "ops_avx512.c")}
+           "avx512": ("gemm_avx512.c", "gemm_q8_avx512.c", "ops_avx512.c"),
+           "avx512vnni": ("gemm_q8x8_avx512vnni.c",)}
+BASE_ISA = {"avx512vnni": "avx512"}   # a path with its own x8 GEMM only: every other kernel is this one's
 ISA_CFLAGS = {"generic": (), "avx2": ("-mavx2", "-mfma", "-mf16c"),
-              "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c")}
+              "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c"),
+              "avx512vnni": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-mavx512vnni")}
 REQUIRED_CPU_FLAGS = {"generic": set(), "avx2": {"avx2", "fma", "f16c"},
-                      "avx512": {"avx512f", "avx512bw", "avx512vl", "fma", "f16c"}}
+                      "avx512": {"avx512f", "avx512bw", "avx512vl", "fma", "f16c"},
+                      "avx512vnni": {"avx512f", "avx512bw", "avx512vl", "fma", "f16c", "avx512_vnni"}}
 # -fno-tree-loop-distribute-patterns: gcc turned the zeroing of a kernel's accumulator array into a
 # `rep stosq` memset per output row (204 672 calls a forward: +20 % at width 8, measured)
 CFLAGS = ("-O3", "-fno-tree-loop-distribute-patterns", "-ffp-contract=off", "-fopenmp", "-fPIC")
 ABI = 2
-X8_ISAS = ("avx2", "avx512")      # ISAs with the int8 GEMM on 8 interleaved weight rows (kernels/gemm_q8x8_x86.h)
+X8_ISAS = ("avx2", "avx512", "avx512vnni")      # ISAs with the int8 GEMM on 8 interleaved weight rows (kernels/gemm_q8x8_x86.h)
 
 
 def _x86() -> bool:
@@ -130,6 +137,13 @@ def _compile(cc: str, out_dir: Path) -> list[Path] | str:
 def _declare(lib: ctypes.CDLL) -> None:
     i64, ptr, f32, cint = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
     for which in built_isas():
+        if which in X8_ISAS:
+            f = getattr(lib, f"tq_gemm_q8x8_{which}")
+            f.argtypes, f.restype = [cint, ptr, i64, i64, ptr, i64, ptr, ptr, i64, cint], cint
+            f = getattr(lib, f"tq_gemm_parts_q8x8_{which}")
+            f.argtypes, f.restype = [cint, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, cint], cint
+        if which in BASE_ISA:
+            continue
         gemm = getattr(lib, f"tq_gemm_{which}")
         gemm.argtypes = [cint, ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, cint]
         gemm.restype = cint
@@ -138,11 +152,6 @@ def _declare(lib: ctypes.CDLL) -> None:
         for name in ("tq_gemm_parts", "tq_gemm_parts_q8"):
             f = getattr(lib, f"{name}_{which}")
             f.argtypes, f.restype = [cint, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, cint], cint
-        if which in X8_ISAS:
-            f = getattr(lib, f"tq_gemm_q8x8_{which}")
-            f.argtypes, f.restype = [cint, ptr, i64, i64, ptr, i64, ptr, ptr, i64, cint], cint
-            f = getattr(lib, f"tq_gemm_parts_q8x8_{which}")
-            f.argtypes, f.restype = [cint, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, cint], cint
         attention = getattr(lib, f"tq_attention_{which}")
         attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, i64, i64, f32, ptr, cint]
         attention.restype = None
@@ -217,12 +226,13 @@ class Kernels:
 
     def __init__(self, lib: ctypes.CDLL, which: str):
         self.isa = which
+        x8, which = which, BASE_ISA.get(which, which)      # avx512vnni: avx512's kernels, its own x8 GEMM
         self.gemm = getattr(lib, f"tq_gemm_{which}")
         self.gemm_parts = getattr(lib, f"tq_gemm_parts_{which}")
         self.gemm_q8 = getattr(lib, f"tq_gemm_q8_{which}")               # int8 activations: kernels/gemm_q8.h
         self.gemm_parts_q8 = getattr(lib, f"tq_gemm_parts_q8_{which}")
-        self.gemm_q8x8 = getattr(lib, f"tq_gemm_q8x8_{which}") if which in X8_ISAS else None
-        self.gemm_parts_q8x8 = getattr(lib, f"tq_gemm_parts_q8x8_{which}") if which in X8_ISAS else None
+        self.gemm_q8x8 = getattr(lib, f"tq_gemm_q8x8_{x8}") if x8 in X8_ISAS else None
+        self.gemm_parts_q8x8 = getattr(lib, f"tq_gemm_parts_q8x8_{x8}") if x8 in X8_ISAS else None
         self.pack_q8x8 = lib.tq_pack_q8x8
         self.q8x8_bytes = lib.tq_q8x8_bytes
         self.dequantize_rows_q8x8 = lib.tq_dequantize_rows_q8x8

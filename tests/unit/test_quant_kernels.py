@@ -37,7 +37,7 @@ U = 2.0 ** -24
 
 
 SIMDE = Path("/usr/include/simde/x86/avx512.h")
-EMULATED = ("avx512",) if "avx512" in native.built_isas() and "avx512" not in native.runnable_isas() else ()
+EMULATED = tuple(i for i in ("avx512", "avx512vnni") if i in native.built_isas() and i not in native.runnable_isas())
 
 
 def isa_param(which: str):
@@ -52,8 +52,8 @@ ISAS = [isa_param(i) for i in native.ISAS]
 
 @pytest.fixture(scope="module")
 def emulated_kernels(tmp_path_factory):
-    """The library with the avx512 sources compiled against SIMDe (the others as native builds them),
-    without OpenMP: the kernels of the 'avx512' path on a CPU without AVX-512. Its GEMM instances cover
+    """The library with the avx512 (and avx512vnni) sources compiled against SIMDe (the others as native builds
+    them), without OpenMP: the kernels of the 'avx512' path on a CPU without AVX-512. Its GEMM instances cover
     passes of up to 2 rows (-DROWS=2: the same per-row code, a quarter of the emulated compile time)."""
     import ctypes
 

@@ -70,6 +70,7 @@ static q8_rows q8_quantize(const float *x, int64_t n, int64_t inner, int threads
     return r;
 }
 
+#ifdef TQ_GEMM_Q8_NAME     /* the entry points (a file that only wants q8_quantize names none) */
 int TQ_GEMM_Q8_NAME(TQ_GEMM_ARGS) {
     const q8_rows_fn *fns = q8_rows_of(kind);
     if (!fns || !tq_gemm_shape_ok(kind, inner) || inner % 32) return -1;
@@ -119,3 +120,4 @@ int TQ_GEMM_PARTS_Q8_NAME(int parts, const int *kinds, const uint8_t *const *ws,
     free(xr.mem);
     return 0;
 }
+#endif

@@ -350,6 +350,7 @@ static q8x8_group_fn q8x8_group_of(int kind) {
          : kind == TQ_Q5_K ? q8x8_group_TQ_Q5_K : kind == TQ_Q6_K ? q8x8_group_TQ_Q6_K : 0;
 }
 
+#ifdef TQ_GEMM_Q8X8_NAME   /* the entry points (gemm_q8x8_avx512vnni.c takes only the group kernels) */
 /* y = x W^T (+ bias) with W [out, inner] in the x8 layout at p (out a multiple of 8). 0, or -1. */
 int TQ_GEMM_Q8X8_NAME(int kind, const float *x, int64_t n, int64_t inner, const uint8_t *p, int64_t out,
                       const float *bias, float *y, int64_t ldy, int threads) {
@@ -398,3 +399,4 @@ int TQ_GEMM_PARTS_Q8X8_NAME(int parts, const int *kinds, const uint8_t *const *p
     free(xr.mem);
     return 0;
 }
+#endif
