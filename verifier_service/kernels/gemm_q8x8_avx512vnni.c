@@ -19,11 +19,11 @@
 #define TQ_Q8X8_512 1
 #include "gemm_q8x8_x86.h"        /* the 8-row group kernels */
 
-#define ROWS_V 4
+#define ROWS_V 8
 
 /* Independent int32 sums a row keeps within a chunk (added up, exactly, at its end): vpdpbusd's latency is
    several cycles, so one running sum a row would leave a pass of one or two rows waiting on it. */
-#define V_ACCS(N) ((N) == 1 ? 8 : (N) == 2 ? 4 : 2)
+#define V_ACCS(N) ((N) == 1 ? 8 : (N) == 2 ? 4 : (N) <= 4 ? 2 : 1)
 
 /* The row's V_ACCS(N) sums of a chunk, added up. */
 static inline __attribute__((always_inline)) __m512i v_sum(int A, const __m512i *a) {
@@ -238,8 +238,12 @@ static inline __attribute__((always_inline)) void v_rows(int kind, int N, const 
             q8x8_group_##KIND(xr, r0, r1, inner, p + gb, bias ? bias + 8 : 0, y + 8, ldy);                      \
             return;                                                                                             \
         }                                                                                                       \
-        for (; r0 + 4 <= r1; r0 += 4) v_rows(KIND, 4, xr, r0, inner, p, gb, bias, y, ldy);                        \
+        for (; r0 + 8 <= r1; r0 += 8) v_rows(KIND, 8, xr, r0, inner, p, gb, bias, y, ldy);                        \
         switch (r1 - r0) {                                                                                      \
+        case 7: v_rows(KIND, 7, xr, r0, inner, p, gb, bias, y, ldy); break;                                     \
+        case 6: v_rows(KIND, 6, xr, r0, inner, p, gb, bias, y, ldy); break;                                     \
+        case 5: v_rows(KIND, 5, xr, r0, inner, p, gb, bias, y, ldy); break;                                     \
+        case 4: v_rows(KIND, 4, xr, r0, inner, p, gb, bias, y, ldy); break;                                     \
         case 3: v_rows(KIND, 3, xr, r0, inner, p, gb, bias, y, ldy); break;                                     \
         case 2: v_rows(KIND, 2, xr, r0, inner, p, gb, bias, y, ldy); break;                                     \
         case 1: v_rows(KIND, 1, xr, r0, inner, p, gb, bias, y, ldy); break;                                     \
