@@ -52,6 +52,11 @@ def model_flags(p) -> None:
          "on them), and a cancelled request stops at the next one (0: the whole prompt at once; -1: 32 where "
          "every linear runs --activations int8 on 8 interleaved rows (Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K: those kernels cost the "
          "same a row at any width), else 256 (wide chunks run torch's GEMM, faster the wider)")
+    flag(p, "prefill-mix-rows", -1, int, help="while sessions decode, a prompt is prefilled in slices riding "
+         "along in their verify forwards, filling each up to this many rows, instead of in chunks that stall them "
+         "(a decoding session then waits a slightly wider forward, not a chunk; its tokens are the same): where a "
+         "prompt's rows are computed alike in any forward (the --activations int8 path of --prefill-chunk -1); "
+         "-1: 16 there, else off; 0: off")
     flag(p, "max-batch-rows", 32, int, help="most rows in one verify forward: the blocks of every session waiting "
          "go into one forward (a plain step is 1 row, a block of k drafts k + 1) up to this many; 1: one session "
          "per forward")
@@ -157,7 +162,7 @@ async def load_target(args):
                                      warmup=not args.no_warmup, decoder=args.decoder,
                                      rowwise_attention=None if args.exact_rows == "on" else False,
                                      max_batch_rows=args.max_batch_rows, batch_wait_ms=args.batch_wait_ms,
-                                     ahead_rows=ahead)
+                                     ahead_rows=ahead, mix_rows=args.prefill_mix_rows)
     if ahead and not target.ahead_rows:
         ahead_why = "off (this path's rows are not exact)"
     print(f"[tandem] verifier: {target.startup_line()}; pending rows ahead {ahead_why}; ms per forward width "

@@ -219,16 +219,19 @@ class Decoder:
         return self._forward([(cache, input_ids)], last_only)[0]
 
     @torch.inference_mode()
-    def forward_blocks(self, blocks: Sequence[tuple[StaticKVCache, Sequence[int]]]) -> list[torch.Tensor]:
+    def forward_blocks(self, blocks: Sequence[tuple[StaticKVCache, Sequence[int]]],
+                       keep: Sequence[int | None] | None = None) -> list[torch.Tensor]:
         """Several sessions' blocks in one forward: each ``(cache, input_ids)`` is fed after its own cache's
         ``length`` positions (its K/V appended there); returns each block's logits [len(input_ids), vocab],
         bit-identical to ``forward(cache, input_ids)`` alone while the rows together are at most
-        ``max_exact_rows`` (see the module docstring)."""
+        ``max_exact_rows`` (see the module docstring). ``keep[i]`` (None: every row) limits block i's logits
+        to its last ``keep[i]`` rows (0: none; a slice of a prompt being prefilled)."""
         if len({id(cache) for cache, _ in blocks}) != len(blocks):
             raise ValueError("one block per cache in a forward")
-        return self._forward(blocks, False)
+        return self._forward(blocks, False, keep)
 
-    def _forward(self, blocks: Sequence[tuple[StaticKVCache, Sequence[int]]], last_only: bool) -> list[torch.Tensor]:
+    def _forward(self, blocks: Sequence[tuple[StaticKVCache, Sequence[int]]], last_only: bool,
+                 keep: Sequence[int | None] | None = None) -> list[torch.Tensor]:
         s, w, ops = self.spec, self.weights, self.ops
         segments = []                           # (cache, first position, first row, rows, attention) a block
         row = 0
@@ -252,6 +255,16 @@ class Decoder:
             cache.length = start + n
         if last_only:
             return [w.head.matmul(h[-1:])]
+        if keep is not None and any(k is not None for k in keep):     # the head on the rows asked for only
+            spans = [(first + n - (n if k is None else min(k, n)), first + n)
+                     for (_, _, first, n, _), k in zip(segments, keep)]
+            rows = [r for a, b in spans for r in range(a, b)]
+            logits = w.head.matmul(h[rows]) if rows else h.new_empty(0, s.vocab)
+            out, at = [], 0
+            for a, b in spans:
+                out.append(logits[at:at + b - a])
+                at += b - a
+            return out
         logits = w.head.matmul(h)
         return [logits[first:first + n] for _, _, first, n, _ in segments]
 

@@ -32,6 +32,16 @@ through the gateway's round and the wire), and without the hold the first one ba
 own while the others queue behind it, so the batch splits in two for good. A quarter bounds the time a batch
 can lose waiting for a session that does not come back; it ends as soon as every expected session is back.
 
+Prefill slices in verify forwards (``mix_rows`` > 0, where the runner computes a prompt's rows the same in
+any forward: exact rows, so a slice's K/V are the bits a chunk of its own would write). While sessions
+decode, a waiting prompt is not prefilled in chunks of its own, each of which stalls every decoding session
+for a chunk's time: its next rows ride along in the verify forwards instead, filling each forward up to
+``mix_rows`` rows (at most ``prefill_chunk`` of them), and the session's clock advances with those forwards.
+A decoding session's round then costs a somewhat wider forward, never a chunk plus its own forward (the
+stall-free batching of Sarathi-Serve, Agrawal et al., OSDI 2024). Chunks of their own remain where nobody
+decodes, and where the verify rows leave no room (a prompt whose clock is then the lowest gets its chunk, as
+above, so it is never starved).
+
 The pending row ahead: a session's next block always starts with its pending token (the last token it
 emitted), known as soon as its round is settled. Where the runner allows it (``wants_ahead``: exact rows,
 so a block's row is the same computed alone), the sessions expected back get that row computed while
@@ -114,9 +124,10 @@ class Forward:
 class Runner:
     """What the scheduler needs from the target."""
 
-    def run_verify(self, batch: list[VerifyWork], ahead: Sequence = ()) -> None:
-        """One forward over every item's rows (and the pending row of each session of ``ahead``), then each
-        item's acceptance; completes every future."""
+    def run_verify(self, batch: list[VerifyWork], ahead: Sequence = (), mixed: tuple | None = None) -> None:
+        """One forward over every item's rows (and the pending row of each session of ``ahead``, and where
+        ``mixed`` = (prefill work, rows) the next ``rows`` of that prompt, advancing ``work.done`` and completing
+        its future once the prompt is done), then each item's acceptance; completes every future."""
 
     def wants_ahead(self, session) -> bool:
         """True when ``session``'s pending row may be computed ahead of its next block (see the module
@@ -131,11 +142,12 @@ class Runner:
 class Scheduler:
     def __init__(self, runner: Runner, *, prefill_chunk: int = 256, max_batch_rows: int = 32,
                  max_batch_sessions: int = 64, batch_wait_ms: float = -1.0, hold_ms: float = HOLD_MS,
-                 clock: Callable[[], float] = time.perf_counter):
+                 mix_rows: int = 0, clock: Callable[[], float] = time.perf_counter):
         self.runner = runner
         self.prefill_chunk = int(prefill_chunk or 0)
         self.max_batch_rows = max(1, int(max_batch_rows))
         self.max_batch_sessions = max(1, int(max_batch_sessions))
+        self.mix_rows = min(max(0, int(mix_rows)), self.max_batch_rows)   # 0: prefill chunks only on their own
         self.batch_wait_s = None if batch_wait_ms < 0 else float(batch_wait_ms) / 1e3   # None: the share
         self._last_verify_s = 0.0
         self.hold_s = max(0.0, float(hold_ms)) / 1e3
@@ -201,26 +213,42 @@ class Scheduler:
         prefill = min(self._prefill, key=lambda w: w.session.vtime) if self._prefill else None
         verify_low = min((w.session.vtime for w in self._verify), default=float("inf"))
         expected_low = min((s.vtime for s in self._expected), default=float("inf"))
-        if prefill is not None and prefill.session.vtime < min(verify_low, expected_low):
+        wait_s = self.batch_wait_s if self.batch_wait_s is not None else BATCH_WAIT_SHARE * self._last_verify_s
+        gather_until = self._last_forward_end + wait_s
+        # a prompt rides along while sessions verify, or are due back from the last forward (those that do not
+        # come back within the batch wait are ending: the prompt then goes on its own)
+        rides = (self.mix_rows > 0 and (self._verify or (self._expected and now < gather_until))
+                 and sum(w.rows for w in self._verify) < self.mix_rows)
+        if prefill is not None and prefill.session.vtime < min(verify_low, expected_low) and not rides:
             return "prefill", prefill, None
         ahead = [s for s in self._expected if self.runner.wants_ahead(s)]
         if self._verify:
-            wait_s = self.batch_wait_s if self.batch_wait_s is not None else BATCH_WAIT_SHARE * self._last_verify_s
-            gather_until = self._last_forward_end + wait_s
             if not ahead and self._expected and now < gather_until and self._room_for_expected():
                 return None, None, gather_until - now
             batch = self._take_batch()
-            return "verify", (batch, self._fit_ahead(ahead, sum(w.rows for w in batch), len(batch))), None
+            rows = sum(w.rows for w in batch)
+            fit = self._fit_ahead(ahead, rows, len(batch))
+            return "verify", (batch, fit, self._slice(prefill, rows + len(fit), len(batch) + len(fit))), None
         if ahead:                             # instead of waiting: the rows the sessions' next blocks start with
-            return "verify", ([], self._fit_ahead(ahead, 0, 0)), None
+            fit = self._fit_ahead(ahead, 0, 0)
+            return "verify", ([], fit, self._slice(prefill, len(fit), len(fit))), None
         if prefill is not None:               # a session ahead of it in the share is expected back
-            return None, None, min(self._expected.values()) - now
+            return None, None, min(self._expected.values()) - now if not rides else gather_until - now
         return None, None, None
 
     def _fit_ahead(self, sessions: list, rows: int, count: int) -> list:
         """The sessions whose pending rows fit beside a batch of ``rows`` rows of ``count`` sessions."""
         room = min(self.max_batch_rows - rows, self.max_batch_sessions - count)
         return sessions[:max(0, room)]
+
+    def _slice(self, prefill: PrefillWork | None, rows: int, count: int) -> tuple | None:
+        """(prefill, rows) of the prompt that ride along in a forward of ``rows`` rows of ``count`` sessions
+        (``mix_rows``), or None."""
+        if prefill is None or self.mix_rows <= 0 or count >= self.max_batch_sessions:
+            return None
+        room = min(self.mix_rows - rows, len(prefill.prompt_ids) - prefill.done,
+                   self.prefill_chunk or self.mix_rows)
+        return (prefill, room) if room > 0 else None
 
     def _room_for_expected(self) -> bool:
         rows = sum(w.rows for w in self._verify)
@@ -253,7 +281,7 @@ class Scheduler:
                     self._scheduled = False
                     return
                 self._cond.wait(max(wait, 1e-4))
-            items = work[0] if what == "verify" else [work]
+            items = ([*work[0], work[2][0]] if work[2] else work[0]) if what == "verify" else [work]
             if items:
                 self._vclock = max(self._vclock, min(w.session.vtime for w in items))
         try:
@@ -264,8 +292,9 @@ class Scheduler:
                     w.future.set_exception(exc)
             report = None
         with self._cond:
-            if what == "prefill" and (work.future.done()) and work in self._prefill:
-                self._prefill.remove(work)
+            done = work if what == "prefill" else (work[2][0] if work[2] else None)
+            if done is not None and done.future.done() and done in self._prefill:
+                self._prefill.remove(done)
             self._last_forward_end = self.clock()
             if self._verify or self._prefill or any(self.runner.wants_ahead(s) for s in self._expected):
                 torch_thread.submit(self._step)
@@ -285,10 +314,15 @@ class Scheduler:
     def _run(self, what: str, work) -> Forward:
         t0 = self.clock()
         if what == "verify":
-            work, ahead = work
+            work, ahead, *rest = work
+            mixed = rest[0] if rest else None
             queued = tuple((t0 - w.submitted) * 1e3 for w in work)
-            rows = sum(w.rows for w in work) + len(ahead)
-            self.runner.run_verify(work, ahead)
+            rows = sum(w.rows for w in work) + len(ahead) + (mixed[1] if mixed else 0)
+            if mixed:
+                mixed[0].started = mixed[0].started or t0
+                self.runner.run_verify(work, ahead, mixed)
+            else:
+                self.runner.run_verify(work, ahead)
             t1 = self.clock()
             ms = (t1 - t0) * 1e3
             with self._cond:
@@ -301,7 +335,11 @@ class Scheduler:
                     w.session.vtime += ms
                     if w.future.done() and w.future.exception() is None and id(w.session) not in back:
                         self._expected[w.session] = t1 + self.hold_s
-            return Forward("verify", rows, len(work) + len(ahead), ms, queued)
+                if mixed:
+                    mixed[0].session.vtime += ms
+                    if mixed[0].future.done() and mixed[0].future.exception() is None:   # its first round next
+                        self._expected[mixed[0].session] = t1 + self.hold_s
+            return Forward("verify", rows, len(work) + len(ahead) + (1 if mixed else 0), ms, queued)
         queued = ((t0 - work.submitted) * 1e3,) if work.started is None else ()
         work.started = work.started or t0
         before = work.done

@@ -52,6 +52,7 @@ from verifier_service.warping import warp
 DEFAULT_PREFILL_CHUNK = 256
 X8_PREFILL_CHUNK = 32          # where every layer runs int8 on x8 copies (``Target._default_prefill_chunk``)
 MAX_BATCH_SESSIONS = 64                  # sessions in one verify forward
+MIX_ROWS = 16                  # a verify forward with a prompt's slice riding along: at most these rows in all
 
 
 class PrefillCancelled(RuntimeError):
@@ -72,7 +73,7 @@ class Target(TargetModel):
                  prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, rowwise_attention: bool | None = None,
                  max_block: int = 32, decoder: str = "auto", fallback_reason: str = "",
                  phases: dict[str, float] | None = None, max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
-                 batch_wait_ms: float = -1.0, ahead_rows: bool = False):
+                 batch_wait_ms: float = -1.0, ahead_rows: bool = False, mix_rows: int = -1):
         """``model``: a ``gguf_model.GgufModel`` (the GGUF fast path: the decoder on the file's blocks) or a
         transformers model. ``gemm`` (fp32 weights only): "auto" (measure MKL and oneDNN per width at
         start-up, keep the faster), "onednn", or "mkl" (plain transformers); "gguf" is accepted for a GGUF
@@ -89,7 +90,9 @@ class Target(TargetModel):
         ``batch_wait_ms``: how long a verify forward may wait for sessions of the previous one to come back
         (< 0: a quarter of the last verify forward's time; ``verifier_service.scheduler``). ``ahead_rows``:
         compute each session's pending row while its next block is on the way (``verifier_service.scheduler``;
-        only with exact rows)."""
+        only with exact rows). ``mix_rows``: while sessions decode, a prompt is prefilled in slices riding along
+        in their verify forwards, up to this many rows a forward (0: in chunks of its own; < 0: MIX_ROWS where
+        a prompt's rows are computed the same in any forward, see ``mixes_prefill``)."""
         t_setup = time.perf_counter()
         self._ahead_rows = bool(ahead_rows)
         super().__init__(model, tokenizer, name, gemm=gemm, widths=widths, rowwise_attention=rowwise_attention,
@@ -102,9 +105,10 @@ class Target(TargetModel):
             else int(prefill_chunk or 0)
         # Forwards and the acceptance rule run on the one torch thread (verifier_service.torch_thread: why),
         # one forward at a time, chosen by the scheduler.
+        mix_rows = (MIX_ROWS if mix_rows < 0 else int(mix_rows)) if self.mixes_prefill else 0
         self.scheduler = Scheduler(self, prefill_chunk=self.prefill_chunk, max_batch_rows=self.max_batch_rows,
                                    max_batch_sessions=MAX_BATCH_SESSIONS if self.batched else 1,
-                                   batch_wait_ms=batch_wait_ms)
+                                   batch_wait_ms=batch_wait_ms, mix_rows=mix_rows)
         self.setup_s = time.perf_counter() - t_setup       # packing + GEMM measurement (+ merging weights)
         self.phases["packing"] = self.setup_s
         t_warm = time.perf_counter()
@@ -135,6 +139,8 @@ class Target(TargetModel):
                     if self.scheduler.max_batch_sessions > 1 else
                     f"one session a forward ({self.batching_note or 'max batch rows 1'})")
         prefill = f"prefill chunks of {self.prefill_chunk} tokens" if self.prefill_chunk else "prompts prefilled whole"
+        if self.scheduler.mix_rows:
+            prefill += f" or slices in verify forwards of up to {self.scheduler.mix_rows} rows"
         return (f"{self.path}; GEMMs {self.gemm} ({self.gemm_note}), attention {self.attention}, {batching}, "
                 f"{prefill} ({phases})")
 
@@ -166,15 +172,29 @@ class Target(TargetModel):
                 and session.length + 1 < self.info.max_context)
 
     @property
+    def mixes_prefill(self) -> bool:
+        """Whether a prompt's rows may ride along in verify forwards: the static decoder with exact,
+        width-independent rows and prefill chunks narrow enough to run on the same row-exact kernels as a
+        verify block (the int8 x8 path), so a prompt's K/V do not depend on how it was sliced."""
+        from verifier_service.decoder import ROW_BY_ROW_MAX
+
+        return (self.decoder is not None and self.decoder.rows_independent and self.batched
+                and 0 < self.prefill_chunk <= ROW_BY_ROW_MAX)
+
+    @property
     def ahead_rows(self) -> bool:
         """Whether pending rows are computed ahead: the static decoder with exact, width-independent rows."""
         return self.decoder is not None and self.decoder.rows_independent and self._ahead_rows
 
     @torch.inference_mode()
-    def run_verify(self, batch: list[VerifyWork], ahead: Sequence[TargetSession] = ()) -> None:
+    def run_verify(self, batch: list[VerifyWork], ahead: Sequence[TargetSession] = (),
+                   mixed: tuple[PrefillWork, int] | None = None) -> None:
         """One forward over the blocks of ``batch`` (each session's [pending, x_1..x_k] after its own cache, the
-        pending row left out where it was computed ahead) and the pending rows of the ``ahead`` sessions, then
-        each block's acceptance rule and rollback; completes each item's future (cancelled ones are skipped)."""
+        pending row left out where it was computed ahead), the pending rows of the ``ahead`` sessions and, with
+        ``mixed`` = (work, n), the next n rows of that prompt (``run_prefill``'s work, the head on its last row
+        only once the prompt is done); then each block's acceptance rule and rollback; completes each item's
+        future (cancelled ones are skipped)."""
+        slice_ = self._prefill_slice(*mixed) if mixed is not None else None
         ready = []
         for work in batch:
             session, k = work.session, len(work.draft)
@@ -189,7 +209,7 @@ class Target(TargetModel):
             ready.append((work, work.base))
         verified = {id(w.session) for w, _ in ready}
         ahead = [s for s in ahead if self.wants_ahead(s) and id(s) not in verified]
-        if not ready and not ahead:
+        if not ready and not ahead and slice_ is None:
             return
         t0 = time.perf_counter()
         blocks = [(w.session, ([] if w.session.ahead is not None else [w.session.pending_token])
@@ -197,7 +217,15 @@ class Target(TargetModel):
         blocks += [(session, [session.pending_token]) for session in ahead]
         try:
             fed = [(s, ids) for s, ids in blocks if ids]
-            computed = iter(self._forward_blocks(fed) if fed else ())   # plain steps computed ahead: no forward
+            keep = None
+            if slice_ is not None:                      # the prompt's rows last, logits only where it ends
+                work, ids = slice_
+                fed.append((work.session, ids))
+                keep = [None] * (len(fed) - 1) + [1 if work.done + len(ids) >= len(work.prompt_ids) else 0]
+            out = self._forward_blocks(fed, keep) if fed else []    # plain steps computed ahead: no forward
+            if slice_ is not None:
+                prompt_logits = out.pop()
+            computed = iter(out)
             logits = [next(computed) if ids else None for _, ids in blocks]
         except BaseException as exc:
             for work, base in ready:
@@ -206,7 +234,11 @@ class Target(TargetModel):
             for session in ahead:
                 session.rollback(session.length)
                 session.ahead_failed = True
+            if slice_ is not None:
+                _settle(slice_[0].future, error=exc)
             return
+        if slice_ is not None:
+            self._prefilled(slice_[0], len(slice_[1]), prompt_logits)
         t1 = time.perf_counter()
         rows = sum(len(ids) for _, ids in blocks)
         for session, row in zip(ahead, logits[len(ready):]):
@@ -234,24 +266,41 @@ class Target(TargetModel):
                                                queue_ms=(t0 - work.submitted) * 1e3, forward_ms=(t1 - t0) * 1e3,
                                                forward_rows=rows))
 
+    def _prefill_slice(self, work: PrefillWork, n: int) -> tuple[PrefillWork, list[int]] | None:
+        """The next ``n`` prompt tokens of ``work`` to feed, its cache made on the first; None (its future
+        settled) once it was cancelled."""
+        if work.future.cancelled() or work.cancelled():
+            _settle(work.future, error=PrefillCancelled(
+                f"session {work.session.session_id!r}: cancelled during prefill ({work.done} of "
+                f"{len(work.prompt_ids)} prompt tokens done)"))
+            return None
+        if work.session.cache is None:
+            work.session.cache = self._new_cache_now()
+        return work, list(work.prompt_ids[work.done:work.done + n])
+
+    def _prefilled(self, work: PrefillWork, n: int, logits: torch.Tensor) -> None:
+        """``n`` more prompt tokens of ``work`` are in its cache; after the last one, the target's first token
+        from ``logits`` (the last row) settles its future."""
+        work.done += n
+        work.chunks += 1
+        if work.done >= len(work.prompt_ids):
+            try:
+                work.session.pending_token = self._choose(work.session, logits, []).next_token
+            except BaseException as exc:
+                _settle(work.future, error=exc)
+                return
+            _settle(work.future, work.session.pending_token)
+
     @torch.inference_mode()
     def run_prefill(self, work: PrefillWork, chunk: int) -> None:
         """The next ``chunk`` tokens of ``work``'s prompt into its session's cache (made by the first chunk); after
         the last one the target's first token. Cancelled (its future, or ``work.cancelled()``): stops here."""
-        session, prompt = work.session, work.prompt_ids
         try:
-            if work.future.cancelled() or work.cancelled():
-                raise PrefillCancelled(f"session {session.session_id!r}: cancelled during prefill ({work.done} "
-                                       f"of {len(prompt)} prompt tokens done)")
-            if session.cache is None:
-                session.cache = self._new_cache_now()
-            ids = prompt[work.done:work.done + chunk]
-            logits = self._forward(session, ids, last_only=True)                              # [1, V]
-            work.done += len(ids)
-            work.chunks += 1
-            if work.done >= len(prompt):
-                session.pending_token = self._choose(session, logits, []).next_token
-                _settle(work.future, session.pending_token)
+            slice_ = self._prefill_slice(work, chunk)
+            if slice_ is None:
+                return
+            logits = self._forward(work.session, slice_[1], last_only=True)                    # [1, V]
+            self._prefilled(work, len(slice_[1]), logits)
         except BaseException as exc:
             _settle(work.future, error=exc)
 

@@ -243,9 +243,11 @@ class TargetModel:
         out = self._model(input_ids=ids, cache=session.cache, use_cache=True, logits_to_keep=1 if last_only else 0)
         return out.logits[0].float()                                                     # [n, V]
 
-    def _forward_blocks(self, blocks: list[tuple[TargetSession, list[int]]]) -> list[torch.Tensor]:
-        """One forward over every session's block (its rows after its own cache); logits [n_i, V] each. Without
-        the decoder (transformers' forward) the scheduler sends one block at a time."""
+    def _forward_blocks(self, blocks: list[tuple[TargetSession, list[int]]],
+                        keep: list[int | None] | None = None) -> list[torch.Tensor]:
+        """One forward over every session's block (its rows after its own cache); logits [n_i, V] each (``keep``:
+        the decoder's, per block: only the last rows). Without the decoder (transformers' forward) the scheduler
+        sends one block at a time."""
         if self.decoder is not None:
-            return self.decoder.forward_blocks([(session.cache, ids) for session, ids in blocks])
+            return self.decoder.forward_blocks([(session.cache, ids) for session, ids in blocks], keep)
         return [self._forward_now(session, ids, False) for session, ids in blocks]

@@ -42,7 +42,7 @@ def after_one_shared_forward(batch_wait_ms: float):
     for s in sessions:
         scheduler._catch_up(s)
         scheduler._verify.append(VerifyWork(s))
-    what, (batch, _), _ = scheduler._decide(clock())
+    what, (batch, *_), _ = scheduler._decide(clock())
     assert what == "verify" and len(batch) == 3
     scheduler._run(what, (batch, []))
     scheduler._last_forward_end = clock()
@@ -64,7 +64,7 @@ def test_the_first_session_back_waits_for_the_others_of_its_forward_then_all_go_
     come_back(scheduler, b)
     assert scheduler._decide(clock())[0] is None                             # c is still expected
     come_back(scheduler, c)
-    what, (batch, _), _ = scheduler._decide(clock())
+    what, (batch, *_), _ = scheduler._decide(clock())
     assert what == "verify" and [w.session for w in batch] == [a, b, c]      # whole again, no wait left
 
 
@@ -73,14 +73,14 @@ def test_the_wait_is_bounded_and_a_session_that_ended_is_not_waited_for():
     come_back(scheduler, a)
     scheduler.forget(b)                                                      # b's request ended
     clock.t += BATCH_WAIT_SHARE * 0.040                                      # c is late: the wait is over
-    what, (batch, _), _ = scheduler._decide(clock())
+    what, (batch, *_), _ = scheduler._decide(clock())
     assert what == "verify" and [w.session for w in batch] == [a]
 
 
 def test_no_wait_when_told_not_to():
     clock, scheduler, (a, b, c) = after_one_shared_forward(0.0)
     come_back(scheduler, a)
-    what, (batch, _), _ = scheduler._decide(clock())
+    what, (batch, *_), _ = scheduler._decide(clock())
     assert what == "verify" and [w.session for w in batch] == [a]
 
 
