@@ -91,11 +91,11 @@ def test_the_row_ahead_is_dropped_with_a_failed_block(tiny_gguf_files, monkeypat
     real = target._forward_blocks
     calls = []
 
-    def failing_once(blocks):
+    def failing_once(blocks, keep=None):
         calls.append(len(blocks))
         if len(calls) == 3:
             raise RuntimeError("out of memory (test)")
-        return real(blocks)
+        return real(blocks, keep)
 
     monkeypatch.setattr(target, "_forward_blocks", failing_once)
 
