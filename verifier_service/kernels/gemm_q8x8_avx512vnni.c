@@ -12,7 +12,7 @@
 
    Weights go in unsigned: Q4_0 (q - 8) and Q5_0 (q - 16) as in gemm_q8x8_x86.h (sum (q - c) x = sum q x - c
    sum x, sum x = q8_rows.t); Q8_0's signed bytes with their sign bit flipped (w + 128), then - 128 sum x;
-   Q6_K's q (0..63), then - 32 times each half's sum (q8_rows.h, t - h). An odd last group, and Q5_K, run
+   Q6_K's q (0..63), then - 32 times each half's sum (q8_rows.h, t - h). An odd last group runs
    gemm_q8x8_x86.h's 8-row code (the same bits). */
 #include "gemm_q8_x86.h"
 #include "gemm_q8_dispatch.h"      /* q8_quantize */
@@ -134,13 +134,14 @@ static inline __attribute__((always_inline)) void v_legacy_rows(int kind, int N,
     v_store(N, acc, ms, bias, y + r0 * ldy, ldy);
 }
 
-/* Q4_K: gemm_q8x8_x86.h's q8x8_q4_k_rows over two groups. */
-static inline __attribute__((always_inline)) void v_q4_k_rows(int N, const q8_rows *xr, int64_t r0, int64_t inner,
-                                                              const uint8_t *p, int64_t gb, const float *bias,
-                                                              float *y, int64_t ldy) {
-    const int64_t nb = inner / 32, sb = 8 * tq_q8x8_chunk_bytes(TQ_Q4_K);
-    const int A = V_ACCS(N);
-    const __m512i nib = _mm512_set1_epi8(0x0F);
+/* Q4_K and Q5_K: gemm_q8x8_x86.h's q8x8_q4_k_rows and q8x8_q5_k_rows over two groups (Q5_K: each lane's
+   fifth bits, bit c of its qh bytes for chunk c, moved to 0x10). */
+static inline __attribute__((always_inline)) void v_k4_rows(int kind, int N, const q8_rows *xr, int64_t r0,
+                                                            int64_t inner, const uint8_t *p, int64_t gb,
+                                                            const float *bias, float *y, int64_t ldy) {
+    const int64_t nb = inner / 32, sb = 8 * tq_q8x8_chunk_bytes(kind);
+    const int A = N > 2 ? 1 : V_ACCS(N);       /* 2 sums a row at 3-4 rows spilled here (Q5_K w4: 2.2x slower) */
+    const __m512i nib = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(0x01);
     __m512 acc[ROWS_V], ms[ROWS_V];
     for (int r = 0; r < N; r++) acc[r] = ms[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < inner / QK_K; b++) {
@@ -160,8 +161,13 @@ static inline __attribute__((always_inline)) void v_q4_k_rows(int N, const q8_ro
             for (int r = 0; r < N; r++)
                 for (int a = 0; a < A; a++) P[r][a] = _mm512_setzero_si512();
             for (int l = 0; l < 8; l++) {
-                const __m512i q = v_ld2(s8 + tq_k4x8_qs_offset(TQ_Q4_K) + 32 * (8 * (c / 2) + l), gb);
-                const __m512i w = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(q, 4) : q, nib);
+                const __m512i q = v_ld2(s8 + tq_k4x8_qs_offset(kind) + 32 * (8 * (c / 2) + l), gb);
+                __m512i w = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(q, 4) : q, nib);
+                if (kind == TQ_Q5_K) {
+                    const __m512i h = _mm512_and_si512(_mm512_srl_epi16(v_ld2(s8 + TQ_K5X8_QH + 32 * l, gb),
+                                                                        _mm_cvtsi32_si128(c)), one);
+                    w = _mm512_or_si512(w, _mm512_slli_epi16(h, 4));
+                }
                 for (int r = 0; r < N; r++) P[r][l % A] = _mm512_dpbusd_epi32(P[r][l % A], w, XD(r, xb, l));
             }
             for (int r = 0; r < N; r++)
@@ -223,7 +229,7 @@ static inline __attribute__((always_inline)) void v_q6_k_rows(int N, const q8_ro
 static inline __attribute__((always_inline)) void v_rows(int kind, int N, const q8_rows *xr, int64_t r0, int64_t inner,
                                                          const uint8_t *p, int64_t gb, const float *bias, float *y,
                                                          int64_t ldy) {
-    if (kind == TQ_Q4_K) v_q4_k_rows(N, xr, r0, inner, p, gb, bias, y, ldy);
+    if (kind == TQ_Q4_K || kind == TQ_Q5_K) v_k4_rows(kind, N, xr, r0, inner, p, gb, bias, y, ldy);
     else if (kind == TQ_Q6_K) v_q6_k_rows(N, xr, r0, inner, p, gb, bias, y, ldy);
     else v_legacy_rows(kind, N, xr, r0, inner, p, gb, bias, y, ldy);
 }
@@ -233,7 +239,7 @@ static inline __attribute__((always_inline)) void v_rows(int kind, int N, const 
     static __attribute__((noinline)) void v_pair_##KIND(const q8_rows *xr, int64_t r0, int64_t r1, int64_t inner, \
                                                         const uint8_t *p, int64_t gb, const float *bias, float *y, \
                                                         int64_t ldy) {                                            \
-        if ((KIND) == TQ_Q8_0 && r1 - r0 == 1) {   /* one row of Q8_0: the 8-row code was faster (Zen 5) */   \
+        if (((KIND) == TQ_Q8_0 || (KIND) == TQ_Q4_K) && r1 - r0 == 1) {   /* one row: the 8-row code was faster (Zen 5) */\
             q8x8_group_##KIND(xr, r0, r1, inner, p, bias, y, ldy);                                              \
             q8x8_group_##KIND(xr, r0, r1, inner, p + gb, bias ? bias + 8 : 0, y + 8, ldy);                      \
             return;                                                                                             \
@@ -249,14 +255,15 @@ static inline __attribute__((always_inline)) void v_rows(int kind, int N, const 
         case 1: v_rows(KIND, 1, xr, r0, inner, p, gb, bias, y, ldy); break;                                     \
         }                                                                                                       \
     }
-V_PAIR_FN(TQ_Q4_0) V_PAIR_FN(TQ_Q4_1) V_PAIR_FN(TQ_Q5_0) V_PAIR_FN(TQ_Q8_0) V_PAIR_FN(TQ_Q4_K) V_PAIR_FN(TQ_Q6_K)
+V_PAIR_FN(TQ_Q4_0) V_PAIR_FN(TQ_Q4_1) V_PAIR_FN(TQ_Q5_0) V_PAIR_FN(TQ_Q8_0) V_PAIR_FN(TQ_Q4_K) V_PAIR_FN(TQ_Q5_K) V_PAIR_FN(TQ_Q6_K)
 
 typedef void (*v_pair_fn)(const q8_rows *, int64_t, int64_t, int64_t, const uint8_t *, int64_t, const float *,
                           float *, int64_t);
 
 static v_pair_fn v_pair_of(int kind) {
     return kind == TQ_Q4_0 ? v_pair_TQ_Q4_0 : kind == TQ_Q4_1 ? v_pair_TQ_Q4_1 : kind == TQ_Q5_0 ? v_pair_TQ_Q5_0
-         : kind == TQ_Q8_0 ? v_pair_TQ_Q8_0 : kind == TQ_Q4_K ? v_pair_TQ_Q4_K : kind == TQ_Q6_K ? v_pair_TQ_Q6_K : 0;
+         : kind == TQ_Q8_0 ? v_pair_TQ_Q8_0 : kind == TQ_Q4_K ? v_pair_TQ_Q4_K : kind == TQ_Q5_K ? v_pair_TQ_Q5_K
+         : kind == TQ_Q6_K ? v_pair_TQ_Q6_K : 0;
 }
 
 /* One weight's work as units: unit u < pairs is groups 2u, 2u + 1; the unit after them (odd group count, or
