@@ -216,7 +216,7 @@ class Decoder:
     def forward(self, cache: StaticKVCache, input_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
         """Feeds ``input_ids`` after the cache's ``length`` positions, appends their K/V, and returns logits
         [len(input_ids), vocab] (``last_only``: [1, vocab], the last row)."""
-        return self._forward([(cache, input_ids)], last_only)[0]
+        return self._forward([(cache, input_ids)], [1] if last_only else None)[0]
 
     @torch.inference_mode()
     def forward_blocks(self, blocks: Sequence[tuple[StaticKVCache, Sequence[int]]],
@@ -228,9 +228,9 @@ class Decoder:
         to its last ``keep[i]`` rows (0: none; a slice of a prompt being prefilled)."""
         if len({id(cache) for cache, _ in blocks}) != len(blocks):
             raise ValueError("one block per cache in a forward")
-        return self._forward(blocks, False, keep)
+        return self._forward(blocks, keep)
 
-    def _forward(self, blocks: Sequence[tuple[StaticKVCache, Sequence[int]]], last_only: bool,
+    def _forward(self, blocks: Sequence[tuple[StaticKVCache, Sequence[int]]],
                  keep: Sequence[int | None] | None = None) -> list[torch.Tensor]:
         s, w, ops = self.spec, self.weights, self.ops
         segments = []                           # (cache, first position, first row, rows, attention) a block
@@ -253,8 +253,6 @@ class Decoder:
             self._layers(segments, x, h)
         for cache, start, _, n, _ in segments:
             cache.length = start + n
-        if last_only:
-            return [w.head.matmul(h[-1:])]
         if keep is not None and any(k is not None for k in keep):     # the head on the rows asked for only
             spans = [(first + n - (n if k is None else min(k, n)), first + n)
                      for (_, _, first, n, _), k in zip(segments, keep)]

@@ -314,15 +314,12 @@ class Scheduler:
     def _run(self, what: str, work) -> Forward:
         t0 = self.clock()
         if what == "verify":
-            work, ahead, *rest = work
-            mixed = rest[0] if rest else None
+            work, ahead, mixed = work
             queued = tuple((t0 - w.submitted) * 1e3 for w in work)
             rows = sum(w.rows for w in work) + len(ahead) + (mixed[1] if mixed else 0)
             if mixed:
                 mixed[0].started = mixed[0].started or t0
-                self.runner.run_verify(work, ahead, mixed)
-            else:
-                self.runner.run_verify(work, ahead)
+            self.runner.run_verify(work, ahead, mixed)
             t1 = self.clock()
             ms = (t1 - t0) * 1e3
             with self._cond:

@@ -6,20 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler_fakes import Clock, Session, come_back
 from verifier_service.scheduler import BATCH_WAIT_SHARE, Runner, Scheduler, VerifyWork
-
-
-class Clock:
-    def __init__(self):
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class Session:
-    def __init__(self, name: str):
-        self.session_id, self.vtime = name, None
 
 
 class FortyMsForward(Runner):
@@ -28,7 +16,7 @@ class FortyMsForward(Runner):
     def __init__(self, clock: Clock):
         self.clock = clock
 
-    def run_verify(self, batch, ahead=()):
+    def run_verify(self, batch, ahead=(), mixed=None):
         self.clock.t += 0.040
         for work in batch:
             work.future.set_result(None)
@@ -44,16 +32,10 @@ def after_one_shared_forward(batch_wait_ms: float):
         scheduler._verify.append(VerifyWork(s))
     what, (batch, *_), _ = scheduler._decide(clock())
     assert what == "verify" and len(batch) == 3
-    scheduler._run(what, (batch, []))
+    scheduler._run(what, (batch, [], None))
     scheduler._last_forward_end = clock()
     clock.t += 0.001
     return clock, scheduler, sessions
-
-
-def come_back(scheduler, session) -> None:
-    scheduler._catch_up(session)
-    scheduler._verify.append(VerifyWork(session))
-    scheduler._expected.pop(session, None)
 
 
 def test_the_first_session_back_waits_for_the_others_of_its_forward_then_all_go_together():
@@ -92,8 +74,8 @@ class ClientQuickerThanTheLock(FortyMsForward):
         super().__init__(clock)
         self.scheduler_of = scheduler_of
 
-    def run_verify(self, batch, ahead=()):
-        super().run_verify(batch, ahead)
+    def run_verify(self, batch, ahead=(), mixed=None):
+        super().run_verify(batch, ahead, mixed)
         for work in batch:
             come_back(self.scheduler_of(), work.session)
 

@@ -8,26 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from scheduler_fakes import Clock, Session, come_back
 from tandem.bench.random_gguf import write
 from tandem.types import SamplingParams
 from tiny_models import make_tokenizer
 from verifier_service import native
 from verifier_service.gguf_model import GgufModel
-from verifier_service.scheduler import PrefillWork, Runner, Scheduler, VerifyWork
+from verifier_service.scheduler import PrefillWork, Runner, Scheduler
 from verifier_service.target import MIX_ROWS, Target
-
-
-class Clock:
-    def __init__(self):
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class Session:
-    def __init__(self, name: str):
-        self.session_id, self.vtime = name, None
 
 
 class Recorder(Runner):
@@ -62,12 +50,6 @@ class Recorder(Runner):
         work.done += n
         if work.done >= len(work.prompt_ids):
             work.future.set_result(0)
-
-
-def come_back(scheduler, session, draft=()) -> None:
-    scheduler._catch_up(session)
-    scheduler._verify.append(VerifyWork(session, draft=draft))
-    scheduler._expected.pop(session, None)
 
 
 def run_until_idle(scheduler, clock, limit=200) -> None:
