@@ -57,6 +57,10 @@ def model_flags(p) -> None:
          "(a decoding session then waits a slightly wider forward, not a chunk; its tokens are the same): where a "
          "prompt's rows are computed alike in any forward (the --activations int8 path of --prefill-chunk -1); "
          "-1: 16 there, else off; 0: off")
+    flag(p, "prefix-cache-mb", 256, float, help="MiB of ended sessions' K/V kept so that a prompt beginning with "
+         "their tokens (a chat's next turn, an agent's scaffold) prefills only the rest: exact where a prompt's rows "
+         "are computed alike in any forward (the --activations int8 path of --prefill-chunk -1), off elsewhere; "
+         "a client can tell from its first token's time that a prefix was sent lately; 0: off")
     flag(p, "max-batch-rows", 32, int, help="most rows in one verify forward: the blocks of every session waiting "
          "go into one forward (a plain step is 1 row, a block of k drafts k + 1) up to this many; 1: one session "
          "per forward")
@@ -162,7 +166,8 @@ async def load_target(args):
                                      warmup=not args.no_warmup, decoder=args.decoder,
                                      rowwise_attention=None if args.exact_rows == "on" else False,
                                      max_batch_rows=args.max_batch_rows, batch_wait_ms=args.batch_wait_ms,
-                                     ahead_rows=ahead, mix_rows=args.prefill_mix_rows)
+                                     ahead_rows=ahead, mix_rows=args.prefill_mix_rows,
+                                     prefix_cache_mb=args.prefix_cache_mb)
     if ahead and not target.ahead_rows:
         ahead_why = "off (this path's rows are not exact)"
     print(f"[tandem] verifier: {target.startup_line()}; pending rows ahead {ahead_why}; ms per forward width "

@@ -52,6 +52,16 @@ class StaticKVCache:
         grown[:, :, :, :self.length] = self.kv[:, :, :, :self.length]
         self.kv = grown
 
+    def load_prefix(self, kv: torch.Tensor, length: int, reserve: int) -> None:
+        """Starts this (empty) cache with the first ``length`` positions of another cache's ``kv`` (a prefix
+        taken from ``verifier_service.prefix_cache``), room made for ``reserve`` positions. On the torch thread:
+        the copy is a parallel region."""
+        if self.length:
+            raise ValueError("a prefix goes into an empty cache")
+        self.reserve(max(int(length), int(reserve)))
+        self.kv[:, :, :, :length] = kv[:, :, :, :length]
+        self.length = int(length)
+
     # the DynamicCache calls TargetSession uses
     def get_seq_length(self) -> int:
         return self.length
@@ -89,6 +99,8 @@ class TargetSession:
                                                  # the next block (its K/V in the cache, counted in in_flight)
         self.ahead_failed = False           # that forward failed: not tried again before the next round
         self.vtime: float | None = None     # set by the scheduler when the session's first work is queued
+        self.tokens: list[int] = []         # the ids whose K/V the cache holds, once prefilled (for the prefix
+                                            # cache: ``verifier_service.prefix_cache``)
 
     @property
     def length(self) -> int:

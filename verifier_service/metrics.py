@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from tandem.metrics import COMPUTE_BUCKETS, ServiceMetrics, SpecDecodeCounters
 from tandem.types import VerifyOutcome
@@ -30,6 +31,8 @@ class VerifierMetrics(ServiceMetrics):
                                           buckets=BATCH_BUCKETS, registry=self.registry)
         if target is not None and getattr(target, "scheduler", None) is not None:
             target.scheduler.add_listener(self.forward)
+        if target is not None and getattr(target, "prefix_cache", None) is not None:
+            self.registry.register(PrefixCacheCollector(target.prefix_cache))
 
     def verified(self, proposed: int, outcome: VerifyOutcome) -> None:
         self.spec.observe(proposed, outcome.accepted)
@@ -44,3 +47,20 @@ class VerifierMetrics(ServiceMetrics):
         self.forward_rows.labels(kind=report.kind).observe(report.rows)
         if report.kind == "verify":
             self.forward_sessions.observe(report.sessions)
+
+
+class PrefixCacheCollector:
+    """The prefix cache's figures (``verifier_service.prefix_cache``), read at scrape time."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def collect(self):
+        c = self.cache
+        yield CounterMetricFamily("tandem:prefix_cache_reused_tokens", "Prompt tokens whose K/V came from the prefix "
+                                  "cache instead of a prefill.", value=c.reused_tokens)
+        yield CounterMetricFamily("tandem:prefix_cache_prompt_tokens", "Prompt tokens of every session started "
+                                  "(the reused share: reused / prompt).", value=c.prompt_tokens)
+        yield CounterMetricFamily("tandem:prefix_cache_hits", "Sessions that took a prefix from the cache.",
+                                  value=c.hits)
+        yield GaugeMetricFamily("tandem:prefix_cache_bytes", "Bytes of K/V the prefix cache holds.", value=c.nbytes)

@@ -107,6 +107,8 @@ class PrefillWork(Work):
     chunks: int = 0
     cancelled: Callable[[], bool] = lambda: False
     started: float | None = None               # perf_counter of its first chunk
+    prefix: object = None                      # K/V of its first ``done`` tokens to copy (prefix_cache.Hit)
+    reused: int = 0                            # prompt tokens taken from the prefix cache
 
 
 @dataclass(frozen=True)

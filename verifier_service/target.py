@@ -45,6 +45,7 @@ from tandem.types import DraftToken, SamplingParams, VerifyOutcome
 from verifier_service import torch_thread
 from verifier_service.acceptance import accept_coupled, accept_greedy, accept_random, rejection_generator
 from verifier_service.kv_cache import TargetSession
+from verifier_service.prefix_cache import PrefixCache
 from verifier_service.scheduler import PrefillWork, Scheduler, VerifyWork
 from verifier_service.target_model import DEFAULT_MAX_BATCH_ROWS, TargetModel
 from verifier_service.warping import warp
@@ -53,6 +54,7 @@ DEFAULT_PREFILL_CHUNK = 256
 X8_PREFILL_CHUNK = 32          # where every layer runs int8 on x8 copies (``Target._default_prefill_chunk``)
 MAX_BATCH_SESSIONS = 64                  # sessions in one verify forward
 MIX_ROWS = 16                  # a verify forward with a prompt's slice riding along: at most these rows in all
+PREFIX_CACHE_MB = 256          # ended sessions' K/V kept for prompts that begin with their tokens
 
 
 class PrefillCancelled(RuntimeError):
@@ -73,7 +75,8 @@ class Target(TargetModel):
                  prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, rowwise_attention: bool | None = None,
                  max_block: int = 32, decoder: str = "auto", fallback_reason: str = "",
                  phases: dict[str, float] | None = None, max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
-                 batch_wait_ms: float = -1.0, ahead_rows: bool = False, mix_rows: int = -1):
+                 batch_wait_ms: float = -1.0, ahead_rows: bool = False, mix_rows: int = -1,
+                 prefix_cache_mb: float = PREFIX_CACHE_MB):
         """``model``: a ``gguf_model.GgufModel`` (the GGUF fast path: the decoder on the file's blocks) or a
         transformers model. ``gemm`` (fp32 weights only): "auto" (measure MKL and oneDNN per width at
         start-up, keep the faster), "onednn", or "mkl" (plain transformers); "gguf" is accepted for a GGUF
@@ -92,7 +95,9 @@ class Target(TargetModel):
         compute each session's pending row while its next block is on the way (``verifier_service.scheduler``;
         only with exact rows). ``mix_rows``: while sessions decode, a prompt is prefilled in slices riding along
         in their verify forwards, up to this many rows a forward (0: in chunks of its own; < 0: MIX_ROWS where
-        a prompt's rows are computed the same in any forward, see ``mixes_prefill``)."""
+        a prompt's rows are computed the same in any forward, see ``mixes_prefill``). ``prefix_cache_mb``: the
+        K/V of ended sessions kept, up to this many MiB, for prompts that begin with their tokens
+        (``verifier_service.prefix_cache``; only where ``caches_prefixes``; 0: off)."""
         t_setup = time.perf_counter()
         self._ahead_rows = bool(ahead_rows)
         super().__init__(model, tokenizer, name, gemm=gemm, widths=widths, rowwise_attention=rowwise_attention,
@@ -109,6 +114,8 @@ class Target(TargetModel):
         self.scheduler = Scheduler(self, prefill_chunk=self.prefill_chunk, max_batch_rows=self.max_batch_rows,
                                    max_batch_sessions=MAX_BATCH_SESSIONS if self.batched else 1,
                                    batch_wait_ms=batch_wait_ms, mix_rows=mix_rows)
+        self.prefix_cache = (PrefixCache(int(prefix_cache_mb * 2 ** 20))
+                             if prefix_cache_mb > 0 and self.caches_prefixes else None)
         self.setup_s = time.perf_counter() - t_setup       # packing + GEMM measurement (+ merging weights)
         self.phases["packing"] = self.setup_s
         t_warm = time.perf_counter()
@@ -141,8 +148,13 @@ class Target(TargetModel):
         prefill = f"prefill chunks of {self.prefill_chunk} tokens" if self.prefill_chunk else "prompts prefilled whole"
         if self.scheduler.mix_rows:
             prefill += f" or slices in verify forwards of up to {self.scheduler.mix_rows} rows"
+        if self.prefix_cache is not None:
+            prefix = f"prefix cache of {self.prefix_cache.max_bytes / 2 ** 20:.0f} MiB"
+        else:
+            prefix = "no prefix cache" + ("" if self.caches_prefixes else
+                                          " (a prompt's rows here depend on its chunks: --activations int8 has it)")
         return (f"{self.path}; GEMMs {self.gemm} ({self.gemm_note}), attention {self.attention}, {batching}, "
-                f"{prefill} ({phases})")
+                f"{prefill}, {prefix} ({phases})")
 
     # ---- the acceptance rule (on the torch thread) ------------------------------------------------
     def _choose(self, session: TargetSession, logits: torch.Tensor, draft: Sequence[DraftToken]):
@@ -179,6 +191,16 @@ class Target(TargetModel):
         from verifier_service.decoder import ROW_BY_ROW_MAX
 
         return (self.decoder is not None and self.decoder.rows_independent and self.batched
+                and 0 < self.prefill_chunk <= ROW_BY_ROW_MAX)
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether ended sessions' K/V may serve later prompts (``verifier_service.prefix_cache``): where a token's
+        rows are the same bits in a prompt chunk, a plain step and a verify block (the static decoder with
+        width-independent rows and prompt chunks on the same row-exact kernels: the int8 x8 path)."""
+        from verifier_service.decoder import ROW_BY_ROW_MAX
+
+        return (self.decoder is not None and self.decoder.rows_independent
                 and 0 < self.prefill_chunk <= ROW_BY_ROW_MAX)
 
     @property
@@ -258,6 +280,8 @@ class Target(TargetModel):
                 _settle(work.future, error=exc)
                 continue
             session.rollback(keep)                        # the one place the cache moves back
+            session.tokens.append(session.pending_token)
+            session.tokens.extend(t.token_id for t in work.draft[:result.accepted])
             session.pending_token, session.ahead_failed = result.next_token, False
             t2 = time.perf_counter()
             work.timing = (t0, t1, t2, rows, len(ready))
@@ -276,6 +300,9 @@ class Target(TargetModel):
             return None
         if work.session.cache is None:
             work.session.cache = self._new_cache_now()
+            if work.prefix is not None:                 # the prompt's first ``done`` tokens, from the prefix cache
+                work.session.cache.load_prefix(work.prefix.kv, work.done, len(work.prompt_ids) + 1)
+                work.prefix = None
         return work, list(work.prompt_ids[work.done:work.done + n])
 
     def _prefilled(self, work: PrefillWork, n: int, logits: torch.Tensor) -> None:
@@ -284,6 +311,7 @@ class Target(TargetModel):
         work.done += n
         work.chunks += 1
         if work.done >= len(work.prompt_ids):
+            work.session.tokens = list(work.prompt_ids)
             try:
                 work.session.pending_token = self._choose(work.session, logits, []).next_token
             except BaseException as exc:
@@ -323,7 +351,11 @@ class Target(TargetModel):
         generator = None if sampling.greedy or sampling.coupled else rejection_generator()
         session = TargetSession(session_id, None, 0, -1, sampling, generator,
                                 max_block=max_draft_length or self.max_block)
-        return PrefillWork(session, prompt_ids=list(prompt_ids), cancelled=lambda: _is_cancelled(cancelled))
+        work = PrefillWork(session, prompt_ids=list(prompt_ids), cancelled=lambda: _is_cancelled(cancelled))
+        hit = self.prefix_cache.match(work.prompt_ids) if self.prefix_cache is not None else None
+        if hit is not None:                             # copied into its cache with its first slice
+            work.prefix, work.done, work.reused = hit, hit.length, hit.length
+        return work
 
     def _started(self, work: PrefillWork, owner: str, t0: float) -> tuple[int, float]:
         """Stores the prefilled session (in the caller's context: the session store counts sessions per caller)
@@ -331,6 +363,7 @@ class Target(TargetModel):
         ms = (time.perf_counter() - t0) * 1e3
         _record_span("target.forward", work.submitted_ns, work.wall_ns(time.perf_counter()),
                      {"tandem.tokens": len(work.prompt_ids), "tandem.prefill": True, "tandem.chunks": work.chunks,
+                      "tandem.cached_tokens": work.reused,
                       "tandem.queue_ms": ((work.started or work.submitted) - work.submitted) * 1e3})
         self.sessions.add(work.session.session_id, work.session, owner)
         return work.session.pending_token, ms
@@ -387,10 +420,14 @@ class Target(TargetModel):
         return self._verified(work, await asyncio.wrap_future(self.scheduler.submit(work)))
 
     def end(self, session_id: str, owner: str | None = None) -> bool:
-        """Frees the session (False if unknown); NotSessionOwner for a wrong ``owner`` (None: not checked)."""
+        """Frees the session (False if unknown); NotSessionOwner for a wrong ``owner`` (None: not checked). Its
+        K/V go to the prefix cache, where there is one, for a later prompt that begins with its tokens."""
         session = self.sessions.pop(session_id, owner)
         if session is not None:
             self.scheduler.forget(session)
+            tokens = list(session.tokens)
+            if self.prefix_cache is not None and tokens and session.cache is not None:
+                self.prefix_cache.put(tokens, session.cache.kv)
         return session is not None
 
 
