@@ -17,7 +17,8 @@ def params_from_pb(req: gateway_pb2.GenerateRequest) -> GenerateParams:
                           max_tokens=req.max_tokens, sampling=sampling_from_pb(req.sampling),
                           draft_length=req.draft_length, no_speculation=req.no_speculation,
                           ignore_eos=req.ignore_eos,
-                          draft_confidence=req.draft_confidence if req.HasField("draft_confidence") else None)
+                          draft_confidence=req.draft_confidence if req.HasField("draft_confidence") else None,
+                          cache_salt=req.cache_salt)
 
 
 def stats_to_pb(s: RequestStats) -> gateway_pb2.GenerateStats:

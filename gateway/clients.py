@@ -89,10 +89,10 @@ class VerifierClient:
                                    f"{err.details()}") from err
 
     async def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, token: str = "",
-                    max_draft_length: int = 0) -> tuple[int, float]:
+                    max_draft_length: int = 0, cache_salt: str = "") -> tuple[int, float]:
         reply = await self._call(self.stub.StartSession, verifier_pb2.StartSessionRequest(
             session_id=session_id, prompt_ids=list(prompt_ids), sampling=sampling_to_pb(sampling),
-            session_token=token, max_draft_length=max_draft_length))
+            session_token=token, max_draft_length=max_draft_length, cache_salt=cache_salt))
         return reply.first_token, reply.compute_ms
 
     async def verify(self, session_id: str, draft: Sequence[DraftToken], token: str = "") -> VerifyOutcome:

@@ -47,6 +47,7 @@ class GenerateParams:
     no_speculation: bool = False
     ignore_eos: bool = False
     draft_confidence: float | None = None   # None: the gateway's default; 0: always draft_length tokens
+    cache_salt: str = ""            # the verifier's prefix cache is shared only among requests of one salt
 
 
 @dataclass(frozen=True)
@@ -321,7 +322,7 @@ class Gateway:
                                   if drafter is not None and self._drafter_info else None),
                           local_lookup=self.config.local_lookup,
                           draft_ahead=self.config.draft_ahead and not self.config.drafter_shares_cpus,
-                          drafter_timeout_s=getattr(drafter, "timeout_s", 15.0))
+                          drafter_timeout_s=getattr(drafter, "timeout_s", 15.0), cache_salt=params.cache_salt)
         generated: list[int] = []
         detokenizer = IncrementalDetokenizer(self.tokenizer, skip_ids=self._skip_ids)   # new text only, each round
         self.metrics.active_sessions.inc()

@@ -12,7 +12,8 @@ the verifier answers, else 503), and the chat page at / (static files in gateway
 served: a request may name it by any name (the served name, "tandem", or another: as llama-server, the
 field is not checked).
 
-Extensions: ``top_k``; ``ignore_eos``; ``no_speculation`` or ``"tandem": {"speculation": false,
+Extensions: ``top_k``; ``ignore_eos``; ``cache_salt`` (vLLM's: the verifier's prefix cache is shared only
+among requests of the same salt); ``no_speculation`` or ``"tandem": {"speculation": false,
 "draft_length": k, "draft_confidence": c}``. Replies carry ``usage`` and a ``tandem`` object with the
 speculation statistics; stream chunks carry ``tandem.tokens`` = [{"text", "origin": draft|lookup|target}].
 

@@ -160,7 +160,8 @@ class Completions:
             max_tokens = min(getattr(config, "max_tokens_limit", 4096), self.gateway.target.max_context)
         return GenerateParams(prompt=prompt, prompt_ids=ids, max_tokens=max_tokens, sampling=parsed.sampling,
                               draft_length=parsed.draft_length, no_speculation=parsed.no_speculation,
-                              ignore_eos=parsed.ignore_eos, draft_confidence=parsed.draft_confidence)
+                              ignore_eos=parsed.ignore_eos, draft_confidence=parsed.draft_confidence,
+                              cache_salt=parsed.cache_salt)
 
     def echoed(self, parsed: Parsed) -> str:
         """A completion's prompt as text, for ``echo``: as sent, or its token ids decoded."""

@@ -57,10 +57,10 @@ class LocalVerifier:
         return self._info
 
     async def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, token: str = "",
-                    max_draft_length: int = 0) -> tuple[int, float]:
+                    max_draft_length: int = 0, cache_salt: str = "") -> tuple[int, float]:
         try:
             first, ms = await self.target.astart(session_id, list(prompt_ids), sampling, owner=token,
-                                                 max_draft_length=max_draft_length)
+                                                 max_draft_length=max_draft_length, cache_salt=cache_salt)
         except Exception as exc:
             raise _as_peer_error(exc, "StartSession") from None
         self.metrics.prefilled(ms)

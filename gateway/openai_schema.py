@@ -52,6 +52,7 @@ class Parsed:
     ignore_eos: bool = False
     echo: bool = False
     model: str | None = None
+    cache_salt: str = ""                                 # the verifier's prefix cache, shared within one salt
 
 
 # Accepted only with their "no-op" value: anything else is refused rather than silently ignored.
@@ -67,7 +68,7 @@ _NEUTRAL = {
 }
 _IGNORED = {"user", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options",
-           "tandem", "no_speculation", "ignore_eos"}
+           "tandem", "no_speculation", "ignore_eos", "cache_salt"}
 CHAT_KEYS = _COMMON | {"messages", "max_completion_tokens", "response_format", "logit_bias", "tools",
                        "tool_choice"} | set(_NEUTRAL) | _IGNORED
 COMPLETION_KEYS = _COMMON | {"prompt", "echo", "logit_bias"} | set(_NEUTRAL) | _IGNORED
@@ -162,6 +163,10 @@ def _common(body: dict, parsed: Parsed) -> None:
         parsed.include_usage = _bool(options, "include_usage")
     parsed.no_speculation = _bool(body, "no_speculation")
     parsed.ignore_eos = _bool(body, "ignore_eos")
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or len(salt) > 256):
+        raise bad("'cache_salt' must be a string of at most 256 characters", "cache_salt", "invalid_type")
+    parsed.cache_salt = salt or ""
     ext = body.get("tandem")
     if ext is not None:
         if not isinstance(ext, dict):

@@ -53,8 +53,9 @@ class AheadPort(Protocol):
 
 class VerifierPort(Protocol):
     async def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, token: str = "",
-                    max_draft_length: int = 0) -> tuple[int, float]:
-        """Prefills; ``token`` is the session's secret, ``max_draft_length`` the longest block it will send."""
+                    max_draft_length: int = 0, cache_salt: str = "") -> tuple[int, float]:
+        """Prefills; ``token`` is the session's secret, ``max_draft_length`` the longest block it will send,
+        ``cache_salt`` the scope of the verifier's prefix cache it shares."""
 
     async def verify(self, session_id: str, draft: Sequence[DraftToken], token: str = "") -> VerifyOutcome: ...
 

@@ -61,6 +61,7 @@ class Request:
     draft_ahead: bool = True             # the drafter drafts the next block while the verifier checks this one
     drafter_timeout_s: float = 15.0      # the longest a round waits for drafted tokens
     lookup_only: bool = False            # no drafter: a round drafts only what lookup supplies, copied here
+    cache_salt: str = ""                 # the verifier's prefix cache is shared only within one salt
 
 
 async def generate_rounds(req: Request, verifier: VerifierPort, drafter: DrafterPort | None,
@@ -82,7 +83,7 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
             if policy is None or policy.expects_drafting:
                 await proposer.start(sequence, first_budget)
             first, prefill_ms = await verifier.start(req.session_id, req.prompt_ids, req.sampling, req.verifier_token,
-                                                     req.k)
+                                                     req.k, cache_salt=req.cache_salt)
         sequence.append(first)
         remaining -= 1
         yield Round.measured(index=0, tokens=(first,), origins=("target",), emitted=1, draft_ms=0.0,

@@ -12,7 +12,7 @@ class LocalVerifier:
     def __init__(self, target):
         self.target = target
 
-    async def start(self, session_id, prompt_ids, sampling, token="", max_draft_length=0):
+    async def start(self, session_id, prompt_ids, sampling, token="", max_draft_length=0, cache_salt=""):
         return self.target.start(session_id, prompt_ids, sampling)
 
     async def verify(self, session_id, draft, token=""):

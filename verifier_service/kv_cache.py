@@ -101,6 +101,7 @@ class TargetSession:
         self.vtime: float | None = None     # set by the scheduler when the session's first work is queued
         self.tokens: list[int] = []         # the ids whose K/V the cache holds, once prefilled (for the prefix
                                             # cache: ``verifier_service.prefix_cache``)
+        self.cache_salt = ""                # the prefix cache's scope it takes from and leaves to
 
     @property
     def length(self) -> int:

@@ -14,8 +14,11 @@ samples are the same with or without the cache, and whatever one session left in
 speed only, never its output. On any other path the cache is off (the start-up line says so).
 
 What it does not hide: a request whose prompt begins like a recent one gets its first token sooner, so a
-client can tell that someone sent that prefix lately (the timing side channel of every prefix cache). The
-verifier's ``--prefix-cache-mb 0`` turns it off.
+client can tell that someone sent that prefix lately (the timing side channel of every prefix cache). A
+request's ``cache_salt`` (vLLM's name; the gateway's ``cache_salt`` field, the verifier's StartSession) scopes
+it: entries are shared only among sessions of the same salt, so clients that are given different salts
+cannot time each other's prefixes (and a benchmark keeps its modes apart). The verifier's
+``--prefix-cache-mb 0`` turns it off.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ MIN_PREFIX = 16                # fewer common tokens than this: prefill them (no
 
 @dataclass
 class Entry:
+    salt: str                  # shared only with sessions of this salt
     tokens: np.ndarray         # the token ids whose K/V ``kv`` holds, in order
     kv: torch.Tensor           # [layers, 2, kv_heads, capacity >= len(tokens), head_dim], positions < len valid
 
@@ -71,17 +75,17 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, tokens: Sequence[int], kv: torch.Tensor) -> None:
+    def put(self, tokens: Sequence[int], kv: torch.Tensor, salt: str = "") -> None:
         """Keeps ``kv``'s first ``len(tokens)`` positions as the K/V of ``tokens`` (``kv`` is not written again by
         its session: the caller ends it). Entries whose tokens are a prefix of these go (this one answers
         every prompt they would); then the least recently used, until the budget holds."""
         tokens = np.asarray(tokens, dtype=np.int64)
-        entry = Entry(tokens, kv)
+        entry = Entry(str(salt), tokens, kv)
         if len(tokens) < MIN_PREFIX or entry.nbytes > self.max_bytes:
             return
         with self._lock:
-            for key in [k for k, e in self._entries.items()
-                        if len(e.tokens) <= len(tokens) and _common(e.tokens, tokens) == len(e.tokens)]:
+            for key in [k for k, e in self._entries.items() if e.salt == entry.salt
+                        and len(e.tokens) <= len(tokens) and _common(e.tokens, tokens) == len(e.tokens)]:
                 del self._entries[key]
             self._entries[self._next] = entry
             self._next += 1
@@ -90,8 +94,8 @@ class PrefixCache:
                 _, old = self._entries.popitem(last=False)
                 total -= old.nbytes
 
-    def match(self, prompt_ids: Sequence[int]) -> Hit | None:
-        """The longest common prefix of ``prompt_ids`` with any entry, leaving at least the prompt's last token to
+    def match(self, prompt_ids: Sequence[int], salt: str = "") -> Hit | None:
+        """The longest common prefix of ``prompt_ids`` with any entry of the same ``salt``, leaving at least the prompt's last token to
         prefill (its row gives the first token's logits); None below MIN_PREFIX tokens. The entry becomes the
         most recently used; the hit keeps its tensor alive even if the entry is evicted before the copy."""
         prompt = np.asarray(prompt_ids, dtype=np.int64)
@@ -100,6 +104,8 @@ class PrefixCache:
         with self._lock:
             self.prompt_tokens += len(prompt)
             for key, entry in self._entries.items():
+                if entry.salt != salt:
+                    continue
                 n = min(_common(entry.tokens, prompt), limit)
                 if n > best_len:
                     best, best_key, best_len = entry, key, n

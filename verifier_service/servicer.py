@@ -24,7 +24,8 @@ class VerifierServicer(verifier_grpc.VerifierServicer):
         # A cancelled call (client gone, deadline passed) stops the prefill at its next chunk, keeping no session.
         first, ms = await self.target.astart(request.session_id, list(request.prompt_ids),
                                              sampling_from_pb(request.sampling), owner=request.session_token,
-                                             max_draft_length=request.max_draft_length)
+                                             max_draft_length=request.max_draft_length,
+                                             cache_salt=request.cache_salt)
         self.metrics.prefilled(ms)
         return verifier_pb2.StartSessionReply(first_token=first, compute_ms=ms)
 

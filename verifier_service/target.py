@@ -152,7 +152,9 @@ class Target(TargetModel):
             prefix = f"prefix cache of {self.prefix_cache.max_bytes / 2 ** 20:.0f} MiB"
         else:
             prefix = "no prefix cache" + ("" if self.caches_prefixes else
-                                          " (a prompt's rows here depend on its chunks: --activations int8 has it)")
+                                          f" (prompt chunks of {self.prefill_chunk or 'all'} rows do not run the "
+                                          "row-exact kernels of a verify block: --activations int8 with "
+                                          "--prefill-chunk -1 does)")
         return (f"{self.path}; GEMMs {self.gemm} ({self.gemm_note}), attention {self.attention}, {batching}, "
                 f"{prefill}, {prefix} ({phases})")
 
@@ -334,7 +336,7 @@ class Target(TargetModel):
 
     # ---- the session lifecycle -----------------------------------------------------------------
     def _prefill_work(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, owner: str,
-                      max_draft_length: int, cancelled) -> PrefillWork:
+                      max_draft_length: int, cancelled, cache_salt: str = "") -> PrefillWork:
         """The checks of ``start``, then the prefill item for the scheduler (not queued yet)."""
         check_session_id(session_id, owner)
         self.sessions.check_free(session_id)     # before the prefill, not after it
@@ -351,8 +353,9 @@ class Target(TargetModel):
         generator = None if sampling.greedy or sampling.coupled else rejection_generator()
         session = TargetSession(session_id, None, 0, -1, sampling, generator,
                                 max_block=max_draft_length or self.max_block)
+        session.cache_salt = str(cache_salt or "")
         work = PrefillWork(session, prompt_ids=list(prompt_ids), cancelled=lambda: _is_cancelled(cancelled))
-        hit = self.prefix_cache.match(work.prompt_ids) if self.prefix_cache is not None else None
+        hit = self.prefix_cache.match(work.prompt_ids, session.cache_salt) if self.prefix_cache is not None else None
         if hit is not None:                             # copied into its cache with its first slice
             work.prefix, work.done, work.reused = hit, hit.length, hit.length
         return work
@@ -369,25 +372,28 @@ class Target(TargetModel):
         return work.session.pending_token, ms
 
     def start(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, *, owner: str = "",
-              max_draft_length: int = 0,
-              cancelled: Callable[[], bool] | threading.Event | None = None) -> tuple[int, float]:
+              max_draft_length: int = 0, cancelled: Callable[[], bool] | threading.Event | None = None,
+              cache_salt: str = "") -> tuple[int, float]:
         """Prefills the prompt (in chunks of ``prefill_chunk`` tokens, other sessions' forwards may run in
         between); returns the first generated token (the target's own) and its wall ms. ``owner``: the
         session's secret, required by verify and end. ``max_draft_length``: the longest block this session
         will send (0: the node's ``max_block``). ``cancelled`` (a callable or an Event) is checked before
-        each chunk: once true, PrefillCancelled is raised and no session is kept."""
+        each chunk: once true, PrefillCancelled is raised and no session is kept. ``cache_salt``: the prefix
+        cache's scope (``verifier_service.prefix_cache``): it takes and leaves prefixes among sessions of the
+        same salt only."""
         t0 = time.perf_counter()
-        work = self._prefill_work(session_id, prompt_ids, sampling, owner, max_draft_length, cancelled)
+        work = self._prefill_work(session_id, prompt_ids, sampling, owner, max_draft_length, cancelled, cache_salt)
         self.scheduler.submit(work).result()
         return self._started(work, owner, t0)
 
     async def astart(self, session_id: str, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                      owner: str = "", max_draft_length: int = 0,
-                     cancelled: Callable[[], bool] | threading.Event | None = None) -> tuple[int, float]:
+                     cancelled: Callable[[], bool] | threading.Event | None = None,
+                     cache_salt: str = "") -> tuple[int, float]:
         """``start`` for asyncio callers. Cancelling the awaiting task stops the prefill at its next chunk and
         keeps no session."""
         t0 = time.perf_counter()
-        work = self._prefill_work(session_id, prompt_ids, sampling, owner, max_draft_length, cancelled)
+        work = self._prefill_work(session_id, prompt_ids, sampling, owner, max_draft_length, cancelled, cache_salt)
         await asyncio.wrap_future(self.scheduler.submit(work))      # cancelled with the caller
         return self._started(work, owner, t0)
 
@@ -427,7 +433,7 @@ class Target(TargetModel):
             self.scheduler.forget(session)
             tokens = list(session.tokens)
             if self.prefix_cache is not None and tokens and session.cache is not None:
-                self.prefix_cache.put(tokens, session.cache.kv)
+                self.prefix_cache.put(tokens, session.cache.kv, session.cache_salt)
         return session is not None
 
 

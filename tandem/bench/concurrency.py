@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from tandem.bench import figures as F
-from tandem.bench.http_stream import chat_body, decode_figures, percentile, stream_chat
+from tandem.bench.http_stream import chat_body, decode_figures, one_off, percentile, stream_chat
 
 LLAMA = "llama-server"
 PLAIN, AUTO = "tandem-plain", "tandem-auto"
@@ -110,18 +110,19 @@ def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print
     token = default_security().token
     tandem_url = f"http://127.0.0.1:{cluster.http_port}"
 
-    def sender(url, extra=None, tok=None):
+    def sender(url, extra=None, tok=None, salted=False):
         return lambda prompt, n=None: F.with_figures(stream_chat(
             url, chat_body(prompt.text, n or settings.max_tokens, temperature=settings.temperature,
-                           ignore_eos=settings.ignore_eos, extra=extra), settings.timeout_s, tok))
+                           ignore_eos=settings.ignore_eos, extra={**(extra or {}), **(one_off() if salted else {})}),
+            settings.timeout_s, tok))
 
     samples: list[dict] = []
     results["llama_server"] = {}
     try:
         for level in levels:
             seqs = client_sequences(run_order, level, per_client)
-            systems = [(PLAIN, sender(tandem_url, {"no_speculation": True}, token)),
-                       (AUTO, sender(tandem_url, None, token))]
+            systems = [(PLAIN, sender(tandem_url, {"no_speculation": True}, token, salted=True)),
+                       (AUTO, sender(tandem_url, None, token, salted=True))]
             server = None
             if tools is not None and gguf is not None:
                 server = LlamaServer(tools.server, gguf, threads, parallel=level, cpus=cpus,

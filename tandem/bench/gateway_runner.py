@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from tandem.bench import modes as M
+from tandem.bench.http_stream import one_off
 from tandem.bench.settings import Settings, base_sample
 from tandem.bench.workload import Prompt
 
@@ -61,6 +62,8 @@ class GatewayRunner:
             setattr(req, self.adaptive_field, mode.confidence)
         elif mode.speculative and self.adaptive_field:
             setattr(req, self.adaptive_field, 0.0)  # a fixed k drafts exactly k tokens; auto: its k exactly
+        if "cache_salt" in req.DESCRIPTOR.fields_by_name:       # each request a prompt never sent before
+            req.cache_salt = one_off()["cache_salt"]
         return req
 
     def run(self, mode: M.Mode, prompt: Prompt, settings: Settings, repeat: int = 0,

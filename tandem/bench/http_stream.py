@@ -23,6 +23,15 @@ import time
 from urllib.parse import urlsplit
 
 
+def one_off() -> dict:
+    """A request's own ``cache_salt``: Tandem's prefix cache (verifier_service.prefix_cache) shares nothing with
+    it, so each mode prefills each prompt whole, as for a prompt never sent before, however the modes of a
+    sitting are interleaved on the same prompts."""
+    import uuid
+
+    return {"cache_salt": "bench-" + uuid.uuid4().hex}
+
+
 def chat_body(text: str, max_tokens: int, *, model: str = "default", temperature: float = 0.0,
               ignore_eos: bool = False, extra: dict | None = None) -> dict:
     """The request both servers get: one user turn, greedy by default, streamed, usage at the end."""

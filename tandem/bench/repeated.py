@@ -35,7 +35,9 @@ def chat(port: int, messages: list[dict], max_tokens: int, speculate: bool, draf
          timeout_s: float = 600.0) -> dict:
     """One greedy chat completion through the gateway's HTTP API: text, new tokens, wall ms, its statistics."""
     body = {"messages": messages, "temperature": 0, "max_tokens": max_tokens,
-            "tandem": {"speculation": speculate, "draft_length": draft_length}}
+            "tandem": {"speculation": speculate, "draft_length": draft_length},
+            # each mode its own household: the prefix cache serves a mode only the turns it sent itself
+            "cache_salt": "speculative" if speculate else "plain"}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
                                  {"content-type": "application/json"})
     t0 = time.perf_counter()

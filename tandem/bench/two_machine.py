@@ -122,8 +122,10 @@ def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print
     runners: dict[str, object] = {}
     try:
         t0 = time.perf_counter()
+        activations = results["activations"] = getattr(args, "activations", None)
         nodes.spawn("verifier", ["--target", args.target, "--threads", str(args.verifier_threads or 1),
-                                 "--cpus", v_cpus], label="verifier")
+                                 "--cpus", v_cpus, *(["--activations", activations] if activations else [])],
+                    label="verifier")
         for (label, flags), cluster in zip(node_specs, drafter_clusters):
             cluster.log_dir.mkdir(parents=True, exist_ok=True)
             cluster.spawn("drafter", [*flags, "--threads", str(args.drafter_threads), "--cpus", d_cpus],
@@ -253,7 +255,7 @@ def markdown_two_machine(results: dict) -> str:
     cpu = results["environment"].get("cpu_label") or results["environment"].get("cpu", "?")
     L = ["# Two machines on one host: what the drafter node is worth", ""]
     L.append(f"Run {results.get('started_at', '?')} – {results.get('finished_at', '?')}; CPU **{cpu}**. Verifier "
-             f"(1 thread) and gateways on CPU {results['verifier_cpus']}, drafter on CPU {results['drafter_cpus']}; "
+             f"(1 thread, {results.get('activations') or 'fp32'} activations) and gateways on CPU {results['verifier_cpus']}, drafter on CPU {results['drafter_cpus']}; "
              f"added round trip between gateway and drafter: {', '.join(f'{d:g}' for d in results['delays_ms'])} ms "
              f"({results['relay']}). Greedy; the modes interleaved prompt by prompt.")
     L.append("")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tandem.bench import figures as F
 from tandem.bench import modes as M
-from tandem.bench.http_stream import chat_body, stream_chat
+from tandem.bench.http_stream import chat_body, one_off, stream_chat
 from tandem.bench.llama_server import REQUEST_EXTRA
 
 LLAMA_SERVER = "llama-server"
@@ -64,7 +64,7 @@ class Requests:
         if mode == LLAMA_SERVER:
             s = stream_chat(self.llama_url, self.body(prompt, REQUEST_EXTRA, max_tokens), self.settings.timeout_s)
         elif mode in (HTTP_PLAIN, HTTP_AUTO):
-            extra = {"no_speculation": True} if mode == HTTP_PLAIN else None
+            extra = {"no_speculation": True, **one_off()} if mode == HTTP_PLAIN else one_off()
             s = stream_chat(self.tandem_url, self.body(prompt, extra, max_tokens), self.settings.timeout_s, self.token)
         else:
             m = M.BASELINE_MODE if mode == GRPC_PLAIN else M.AUTO_MODE

@@ -34,6 +34,15 @@ def test_the_longest_common_prefix_wins_and_the_last_prompt_token_is_left_to_pre
     assert cache.hits == 2 and cache.reused_tokens == 69
 
 
+def test_a_salt_keeps_prefixes_among_its_own_requests():
+    cache = PrefixCache(1 << 20)
+    cache.put(list(range(40)), kv(40), salt="alice")
+    assert cache.match(list(range(41))) is None and cache.match(list(range(41)), salt="bob") is None
+    assert cache.match(list(range(41)), salt="alice").length == 40
+    cache.put(list(range(50)), kv(50), salt="bob")         # extends alice's tokens, but not her entry
+    assert len(cache) == 2
+
+
 def test_a_longer_turn_replaces_the_entry_it_extends_and_the_budget_drops_the_least_recently_used():
     cache = PrefixCache(3 * 64 * 40)                       # three entries of 40 positions
     cache.put(list(range(20)), kv(40))
@@ -113,4 +122,4 @@ def test_no_prefix_cache_where_a_prompts_rows_depend_on_its_chunks(int8_file, mo
     monkeypatch.setenv("TANDEM_ACTIVATIONS", "fp32")
     fp32 = Target(GgufModel(int8_file), make_tokenizer(260), "fp32", widths=(1,), warmup=False, prefill_chunk=-1)
     assert not fp32.caches_prefixes and fp32.prefix_cache is None
-    assert "no prefix cache (a prompt's rows here depend on its chunks" in fp32.startup_line()
+    assert "no prefix cache (prompt chunks of 256 rows do not run the row-exact kernels" in fp32.startup_line()
