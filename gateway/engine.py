@@ -287,6 +287,19 @@ class Gateway:
             return sampling
         return dataclasses.replace(sampling, seed=secrets.randbits(64))
 
+    def _lookup_rule(self, drafter, copying: bool):
+        """The prompt-lookup rule the gateway predicts (and copies by, where it may) each round: its own with
+        --lookup-only; the drafter's (its GetInfo) otherwise; and the same own rule beside a model-free node
+        that serves none (a suffix node): copying a match here costs no round trip to the node."""
+        if copying:
+            return LOOKUP_ONLY_RULE
+        info = self._drafter_info if drafter is not None else None
+        if info is None:
+            return None
+        if info.model_free and (info.lookup is None or info.lookup.max_ngram <= 0):
+            return LOOKUP_ONLY_RULE
+        return info.lookup
+
     def draft_confidence(self, params: GenerateParams) -> float:
         """The confidence stop of a request: its own value, else the gateway's default."""
         return self.config.draft_confidence if params.draft_confidence is None else float(params.draft_confidence)
@@ -318,8 +331,7 @@ class Gateway:
                           min_confidence=self.draft_confidence(params),
                           eos_token_ids=frozenset() if params.ignore_eos else frozenset(self.target.eos_token_ids),
                           max_context=self.drafting_context(), trace_context=telemetry.context_with(span),
-                          lookup=(LOOKUP_ONLY_RULE if copying else self._drafter_info.lookup
-                                  if drafter is not None and self._drafter_info else None),
+                          lookup=self._lookup_rule(drafter, copying),
                           local_lookup=self.config.local_lookup,
                           draft_ahead=self.config.draft_ahead and not self.config.drafter_shares_cpus,
                           drafter_timeout_s=getattr(drafter, "timeout_s", 15.0), cache_salt=params.cache_salt)

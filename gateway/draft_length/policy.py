@@ -15,8 +15,9 @@ same budget and lookup match, while no block has been observed since, the drafte
 to catch up on, and no probe is due.
 
 Both learn the same way: the figures of a round are completed with what the policy knew when it chose
-k (the lookup tokens it predicted and their match length, the context the drafter was behind by), then
-fed to the cost model and the acceptance estimator; a round without a block relaxes the estimates.
+k (the lookup tokens it predicted and their match length, the context the drafter was behind by; a
+drafter's copies past that prediction count as its drafted tokens), then fed to the cost model and the
+acceptance estimator; a round without a block relaxes the estimates.
 """
 
 from __future__ import annotations
@@ -77,8 +78,19 @@ class _Learning:
             self.acceptance.relax(self.relax)
 
     def _completed(self, fig: RoundFigures) -> RoundFigures:
-        """``fig`` with what this policy knows of the round and the figures lack."""
+        """``fig`` with what this policy knows of the round and the figures lack.
+
+        A drafter's copies beyond the head the gateway's lookup predicted (suffix drafting: point masses the
+        gateway cannot foresee) are learned as drafter tokens, their cost and acceptance with the model's:
+        the choice prices every token of a block past the predicted head at those figures, so learning them
+        as lookup copies would leave a copying drafter's wait and round trip unpriced (a model-free node
+        behind a 20 ms link was called every round at 4x a plain round's cost)."""
         extra = {}
+        if fig.speculative and fig.width and any(fig.from_lookup):
+            head = min(self._lookup_predicted, fig.width)
+            flags = tuple(flag and i < head for i, flag in enumerate(fig.from_lookup))
+            if flags != fig.from_lookup:
+                extra["from_lookup"] = flags
         if fig.width and self._lookup_predicted:
             if not fig.lookup_ngram:    # the copies' acceptance is learned per match length, copied here or not
                 extra["lookup_ngram"] = self._lookup_ngram

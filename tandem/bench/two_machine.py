@@ -18,6 +18,10 @@ prompt over gRPC:
   model-free ``suffix`` node), the auto modes of each further node are named ``<node>:auto@Dms``; the
   no-ahead modes run for the first node only.
 
+Each auto mode has a drafter process of its own, so a node that learns from traffic (suffix drafting) learns
+only from the prompts its own mode sent; and each request carries its own ``cache_salt``, so the verifier
+prefills every prompt whole in every mode (``tandem.bench.http_stream.one_off``).
+
 Per mode: tokens/s (request and decode), ratios to plain and to lookup-only, the rounds by where
 their block came from (``RoundStats.source``: copy, ahead, wait, propose, or none: a plain step),
 the hit rate = rounds whose block the drafter had ready ("ahead") / rounds with a drafter block
@@ -36,8 +40,10 @@ from pathlib import Path
 
 from tandem.bench import figures as F
 from tandem.bench import modes as M
+from tandem.bench.workload import Prompt
 
 PLAIN, LOOKUP_ONLY = "plain", "lookup-only"
+WARM_UP_PROMPT = "Describe a quiet morning in a small harbour town, in a few sentences."
 DRAFTED = ("ahead", "wait", "propose")        # blocks from the drafter node
 DEFAULT_DELAYS = "0,5,20"
 
@@ -116,7 +122,12 @@ def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print
     nodes = Cluster(log_dir)
     node_specs = drafter_nodes(getattr(args, "drafter_nodes", None), args.drafter)
     results["drafter_nodes"] = [label for label, _ in node_specs]
-    drafter_clusters = [Cluster(log_dir / f"drafter-{i}") for i in range(len(node_specs))]
+    # One drafter process per auto mode: a node that learns from its traffic (suffix drafting) must not draft
+    # a prompt's answer from another mode's run of the same prompt (the modes are interleaved prompt by prompt).
+    auto_modes = [((f"{label}:" if i else "") + auto_name(d, ahead), i, d, ahead)
+                  for d in delays for i, (label, _) in enumerate(node_specs)
+                  for ahead in (ahead_variants if i == 0 else [True])]
+    drafter_clusters = [Cluster(log_dir / f"drafter-{j}") for j in range(len(auto_modes))]
     gateways: list[tuple[str, Cluster]] = []
     relays: list[subprocess.Popen] = []
     runners: dict[str, object] = {}
@@ -126,10 +137,10 @@ def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print
         nodes.spawn("verifier", ["--target", args.target, "--threads", str(args.verifier_threads or 1),
                                  "--cpus", v_cpus, *(["--activations", activations] if activations else [])],
                     label="verifier")
-        for (label, flags), cluster in zip(node_specs, drafter_clusters):
+        for (name, i, _, _), cluster in zip(auto_modes, drafter_clusters):
             cluster.log_dir.mkdir(parents=True, exist_ok=True)
-            cluster.spawn("drafter", [*flags, "--threads", str(args.drafter_threads), "--cpus", d_cpus],
-                          label=f"drafter {label}")
+            cluster.spawn("drafter", [*node_specs[i][1], "--threads", str(args.drafter_threads), "--cpus", d_cpus],
+                          label=f"drafter for {name}")
         deadline = time.monotonic() + args.startup_timeout
         nodes.wait_up(["verifier"], deadline)
         for cluster in drafter_clusters:
@@ -140,13 +151,10 @@ def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print
         common = ["--verifier", verifier, "--draft-length", "auto", "--max-draft-length", str(args.max_draft_length),
                   "--http-port", "-1", "--cpus", v_cpus]
         specs: list[tuple[str, list[str]]] = [(LOOKUP_ONLY, [*common, "--lookup-only", "--drafter", ""])]
-        for d in delays:
-            for i, ((label, _), drafter) in enumerate(zip(node_specs, drafters)):
-                proc, port = start_relay(drafter, d, d_cpus, log_dir / f"drafter-{i}")
-                relays.append(proc)
-                for ahead in ahead_variants if i == 0 else [True]:
-                    specs.append(((f"{label}:" if i else "") + auto_name(d, ahead),
-                                  [*common, "--drafter", f"127.0.0.1:{port}", *([] if ahead else ["--no-draft-ahead"])]))
+        for (name, _, d, ahead), drafter, cluster in zip(auto_modes, drafters, drafter_clusters):
+            proc, port = start_relay(drafter, d, d_cpus, cluster.log_dir)
+            relays.append(proc)
+            specs.append((name, [*common, "--drafter", f"127.0.0.1:{port}", *([] if ahead else ["--no-draft-ahead"])]))
         for name, flags in specs:
             gw = Cluster(log_dir / "".join(c if c.isalnum() or c in "-_." else "-" for c in name))
             gw.log_dir.mkdir(parents=True, exist_ok=True)
@@ -166,8 +174,11 @@ def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print
             s["mode"] = name
             return F.with_figures(s)
 
-        for name in modes:                                   # warm-up: connections, first calls, cost figures
-            w = run(name, run_order[0], max_tokens=settings.max_tokens)
+        # warm-up: connections, first calls, cost figures; on a prompt outside the workload, so a node that
+        # learns from traffic has not seen one of the measured prompts answered
+        warm = Prompt(question_id=-1, category="warm-up", text=WARM_UP_PROMPT)
+        for name in modes:
+            w = run(name, warm, max_tokens=settings.max_tokens)
             if "error" in w:
                 raise RuntimeError(f"warm-up request in mode {name} failed: {w['error']}")
         samples = []

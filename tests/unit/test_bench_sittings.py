@@ -364,8 +364,8 @@ def test_two_machine_sitting_on_tiny_models(tmp_path, questions_file, tiny_targe
     assert lookup["drafted_rounds"] == 0 and set(lookup["rounds"]) <= {"plain", "copy"}
     assert set(a["modes"][T.PLAIN]["sources"]["rounds"]) == {"plain"}
     drafter = lambda m: r["gateway_commands"][m][r["gateway_commands"][m].index("--drafter") + 1]
-    assert drafter("auto@0ms") == drafter("no-ahead@0ms") != drafter("auto@30ms") == drafter("no-ahead@30ms")
-    assert len({drafter("auto@0ms"), drafter("suffix:auto@0ms"), drafter("suffix:auto@30ms")}) == 3
+    auto = [m for m in r["modes"] if "@" in m]
+    assert len({drafter(m) for m in auto}) == len(auto) == 6      # a drafter (and its relay) per auto mode
     assert a["modes"]["no-ahead@0ms"]["sources"]["rounds"].get("ahead", 0) == 0
     drafter_name = r["models"]["drafter"]["model_name"]
     for s in r["samples"]:                     # every speculative gateway reached the drafter through its relay

@@ -838,3 +838,27 @@ def test_a_drafter_on_the_verifiers_cores_pays_for_the_forward_it_slows():
     assert choose_k(model(True, 3), acc, 4).k == 0
     # tokens already drafted or copied cost no drafter time, shared or not
     assert choose_k(model(True, 3), flat_acceptance(0.6, lookup=0.98), 4, ready=(True, True, True, True)).k >= 1
+
+
+def test_a_copying_drafter_behind_a_slow_link_is_priced_as_the_drafter_it_is():
+    """A model-free suffix node sends point masses the gateway's own lookup did not predict: each call costs
+    its 20 ms wait, and a third of its copies are accepted. They are learned as drafter tokens (what the
+    choice prices a block's unpredicted tokens at), so auto stops calling it; learned as lookup copies, the
+    wait went unpriced and auto drafted every round at 4x a plain round's cost."""
+    rng = random.Random(7)
+    cost = CostModel()
+    cost.seed({w: 5.0 + 0.2 * w for w in range(9)})
+    policy = AutoDraftLength(cost, AcceptanceEstimator(default=0.5, prior=AcceptanceEstimator(alpha=0.02)))
+    ks = []
+    for _ in range(300):
+        k = policy.next_k(8).k
+        ks.append(k)
+        if not k:
+            policy.observe(RoundFigures(width=0, accepted=0, verify_ms=5.0, round_ms=5.5))
+            continue
+        n = 0
+        while n < k and rng.random() < 0.3:
+            n += 1
+        policy.observe(RoundFigures(width=k, accepted=n, verify_ms=5.0 + 0.2 * k, draft_ms=21.0,
+                                    round_ms=27.0 + 0.2 * k, from_lookup=(True,) * k))
+    assert sum(1 for k in ks[50:] if k) < 0.1 * len(ks[50:]), ks
