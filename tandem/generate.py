@@ -35,6 +35,8 @@ def configure(p) -> None:
     flag(p, "draft-confidence", None, float, help="adaptive draft length for this request: the drafter stops "
          "before a token it is less sure of than this (0 = always -k tokens; default: the gateway's)")
     flag(p, "no-speculation", help="decode with the target alone (the baseline)", cast=bool)
+    flag(p, "cache-salt", "", help="share the verifier's prefix cache only with requests of this salt (a prompt "
+         "that begins like an earlier one of the same salt prefills only the rest; the text is the same either way)")
     flag(p, "chat", help="apply the target's chat template to the prompt", cast=bool)
     flag(p, "ignore-eos", help="keep generating past the EOS token", cast=bool)
     flag(p, "stream", help="print tokens as they are accepted", cast=bool)
@@ -89,7 +91,8 @@ def build_request(args) -> gateway_pb2.GenerateRequest:
     return gateway_pb2.GenerateRequest(prompt=args.prompt, chat=args.chat, max_tokens=args.max_tokens,
                                        sampling=sampling, draft_length=args.draft_length,
                                        no_speculation=args.no_speculation, ignore_eos=args.ignore_eos,
-                                       draft_confidence=getattr(args, "draft_confidence", None))
+                                       draft_confidence=getattr(args, "draft_confidence", None),
+                                       cache_salt=getattr(args, "cache_salt", "") or "")
 
 
 def decoding_mode(s: gateway_pb2.GenerateStats) -> str:

@@ -51,16 +51,19 @@ def model_flags(p) -> None:
          "chunks (sharing the machine about equally with them, so a chunk is the longest stall a long prompt puts "
          "on them), and a cancelled request stops at the next one (0: the whole prompt at once; -1: 32 where "
          "every linear runs --activations int8 on 8 interleaved rows (Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K: those kernels cost the "
-         "same a row at any width), else 256 (wide chunks run torch's GEMM, faster the wider)")
+         "same a row at any width); elsewhere on the fast path both are timed at start-up and 32 kept where its "
+         "row-exact chunks cost at most 1.5x torch's wide GEMM a token (prompts then ride along and the prefix "
+         "cache is on), else 256 (wide chunks run torch's GEMM, faster the wider; their rows depend on the chunk)")
     flag(p, "prefill-mix-rows", -1, int, help="while sessions decode, a prompt is prefilled in slices riding "
          "along in their verify forwards, filling each up to this many rows, instead of in chunks that stall them "
          "(a decoding session then waits a slightly wider forward, not a chunk; its tokens are the same): where a "
-         "prompt's rows are computed alike in any forward (the --activations int8 path of --prefill-chunk -1); "
+         "prompt's rows are computed alike in any forward (prefill chunks of 32 rows: --prefill-chunk -1 chose them); "
          "-1: 16 there, else off; 0: off")
     flag(p, "prefix-cache-mb", 256, float, help="MiB of ended sessions' K/V kept so that a prompt beginning with "
          "their tokens (a chat's next turn, an agent's scaffold) prefills only the rest: exact where a prompt's rows "
-         "are computed alike in any forward (the --activations int8 path of --prefill-chunk -1), off elsewhere; "
-         "a client can tell from its first token's time that a prefix was sent lately; 0: off")
+         "are computed alike in any forward (prefill chunks of 32 rows: --prefill-chunk -1 chose them), off "
+         "elsewhere; requests share it only within one cache_salt; a client can tell from its first token's time "
+         "that a prefix of its salt was sent lately; 0: off")
     flag(p, "max-batch-rows", 32, int, help="most rows in one verify forward: the blocks of every session waiting "
          "go into one forward (a plain step is 1 row, a block of k drafts k + 1) up to this many; 1: one session "
          "per forward")

@@ -52,6 +52,8 @@ from verifier_service.warping import warp
 
 DEFAULT_PREFILL_CHUNK = 256
 X8_PREFILL_CHUNK = 32          # where every layer runs int8 on x8 copies (``Target._default_prefill_chunk``)
+EXACT_PREFILL_MAX_COST = 1.5   # row-exact prompt chunks where they cost at most this many times a wide chunk
+PREFILL_PROBE_TOKENS = 128     # the prompt both ways are timed on at start-up
 MAX_BATCH_SESSIONS = 64                  # sessions in one verify forward
 MIX_ROWS = 16                  # a verify forward with a prompt's slice riding along: at most these rows in all
 PREFIX_CACHE_MB = 256          # ended sessions' K/V kept for prompts that begin with their tokens
@@ -106,8 +108,11 @@ class Target(TargetModel):
         self.sessions: SessionStore[TargetSession] = SessionStore(session_ttl_s, max_sessions=max_sessions,
                                                                  what="verifier session",
                                                                  size_of=TargetSession.kv_bytes)
-        self.prefill_chunk = self._default_prefill_chunk() if prefill_chunk is not None and prefill_chunk < 0 \
-            else int(prefill_chunk or 0)
+        self.prefill_note = ""
+        t_probe = time.perf_counter()
+        self.prefill_chunk = self._default_prefill_chunk(measure=warmup) \
+            if prefill_chunk is not None and prefill_chunk < 0 else int(prefill_chunk or 0)
+        probe_s = time.perf_counter() - t_probe if self.prefill_note else 0.0
         # Forwards and the acceptance rule run on the one torch thread (verifier_service.torch_thread: why),
         # one forward at a time, chosen by the scheduler.
         mix_rows = (MIX_ROWS if mix_rows < 0 else int(mix_rows)) if self.mixes_prefill else 0
@@ -116,8 +121,10 @@ class Target(TargetModel):
                                    batch_wait_ms=batch_wait_ms, mix_rows=mix_rows)
         self.prefix_cache = (PrefixCache(int(prefix_cache_mb * 2 ** 20))
                              if prefix_cache_mb > 0 and self.caches_prefixes else None)
-        self.setup_s = time.perf_counter() - t_setup       # packing + GEMM measurement (+ merging weights)
+        self.setup_s = time.perf_counter() - t_setup - probe_s     # packing + GEMM measurement (+ merging weights)
         self.phases["packing"] = self.setup_s
+        if probe_s:
+            self.phases["timing prompt chunks"] = probe_s
         t_warm = time.perf_counter()
         if warmup:
             loading.enter("measuring widths")
@@ -126,18 +133,47 @@ class Target(TargetModel):
         if warmup:
             self.phases["measuring widths"] = self.warmup_s
 
-    def _default_prefill_chunk(self) -> int:
+    def _default_prefill_chunk(self, measure: bool = True) -> int:
         """``prefill_chunk`` -1: X8_PREFILL_CHUNK tokens where every layer's linear runs int8 on an x8 copy
         (those kernels cost the same a row at any width, and a chunk is the longest stall a prefill puts on the
-        sessions decoding beside it), else DEFAULT_PREFILL_CHUNK (wide chunks run torch's GEMM, faster the
-        wider they are). The head does not count: a prefill runs it on its last row only."""
+        sessions decoding beside it). Elsewhere, with exact rows, both ways are timed now (``measure``): chunks
+        of X8_PREFILL_CHUNK rows run the row-exact kernels of a verify block, so a prompt's K/V are those its
+        tokens get in any forward (prompts then ride along in verify forwards and ended sessions' K/V serve
+        later prompts: ``mixes_prefill``, ``caches_prefixes``); chunks of DEFAULT_PREFILL_CHUNK run torch's
+        GEMM, faster the wider, with rows that depend on the chunk. The exact ones are kept where they cost at
+        most EXACT_PREFILL_MAX_COST times as much a token (1.2x on AVX-512, 1.34x on AVX2, 3.3x on the portable
+        path: BENCHMARKS.md). Otherwise (no measuring, transformers' forward) DEFAULT_PREFILL_CHUNK. The head
+        does not count: a prefill runs it on its last row only."""
+        from verifier_service.decoder import ROW_BY_ROW_MAX
         from verifier_service.weights import BlockWeight
 
         w = self.decoder.weights if self.decoder is not None else None
         linears = [x for x in w.linears() if x is not w.head] if w is not None else []
         parts = [p for x in linears for p in (getattr(x, "parts", None) or [x])]
-        fast = bool(parts) and all(isinstance(p, BlockWeight) and p.blocks.x8 is not None for p in parts)
-        return X8_PREFILL_CHUNK if fast else DEFAULT_PREFILL_CHUNK
+        if bool(parts) and all(isinstance(p, BlockWeight) and p.blocks.x8 is not None for p in parts):
+            return X8_PREFILL_CHUNK
+        tokens = min(PREFILL_PROBE_TOKENS, self.info.max_context - 1)
+        if not measure or self.decoder is None or not self.decoder.rows_independent or tokens <= ROW_BY_ROW_MAX:
+            return DEFAULT_PREFILL_CHUNK
+        loading.enter("timing prompt chunks")
+        exact, wide = self._prefill_ms(tokens, X8_PREFILL_CHUNK), self._prefill_ms(tokens, tokens)
+        chosen = X8_PREFILL_CHUNK if exact <= EXACT_PREFILL_MAX_COST * wide else DEFAULT_PREFILL_CHUNK
+        self.prefill_note = (f"{X8_PREFILL_CHUNK}-row exact chunks measured at {exact / wide:.2f}x a "
+                             f"{tokens}-row chunk's cost")
+        return chosen
+
+    def _prefill_ms(self, tokens: int, chunk: int, runs: int = 2) -> float:
+        """The least wall ms of ``runs`` prefills of ``tokens`` tokens in chunks of ``chunk`` (a scratch cache;
+        the first run also warms the path)."""
+        ids = [(7 * i + 3) % self.vocab_size for i in range(tokens)]
+        best = float("inf")
+        for _ in range(runs):
+            session = TargetSession("__prefill_probe__", self._new_cache(), 0, -1, SamplingParams(), None)
+            t0 = time.perf_counter()
+            for i in range(0, tokens, chunk):
+                self._forward(session, ids[i:i + chunk], last_only=True)
+            best = min(best, (time.perf_counter() - t0) * 1e3)
+        return best
 
     def startup_line(self) -> str:
         """What runs the target and why, and how long each loading phase took."""
@@ -146,6 +182,8 @@ class Target(TargetModel):
                     if self.scheduler.max_batch_sessions > 1 else
                     f"one session a forward ({self.batching_note or 'max batch rows 1'})")
         prefill = f"prefill chunks of {self.prefill_chunk} tokens" if self.prefill_chunk else "prompts prefilled whole"
+        if self.prefill_note:
+            prefill += f" ({self.prefill_note})"
         if self.scheduler.mix_rows:
             prefill += f" or slices in verify forwards of up to {self.scheduler.mix_rows} rows"
         if self.prefix_cache is not None:

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
         torch_thread.run(torch.set_num_threads, args.threads)
-    target = Target.load(args.target, warmup=False)
+    target = Target.load(args.target, prefill_chunk=-1)       # the served default: its prompt chunks too
     print(f"# Greedy agreement with transformers: {target.info.model_name}")
     print(f"- {target.startup_line()}")
     if target.gguf is None:

@@ -282,3 +282,34 @@ def test_gemma3_270m_on_the_fast_path(gemma_file):
     cache = decoder.new_cache()
     decoder.forward(cache, ids[:8])
     assert torch.equal(decoder.forward(cache, ids[8:]), plain)
+
+
+@pytest.mark.parametrize("exact_ms, chunk", [(110.0, 32), (160.0, 256)])
+def test_fp32_prompt_chunks_are_row_exact_where_the_start_up_timing_finds_them_cheap(tmp_path, monkeypatch,
+                                                                                      exact_ms, chunk):
+    """With fp32 activations (no x8 copies) and the widths measured at start-up, -1 times a prompt both ways:
+    32-row chunks on the row-exact kernels are kept where they cost at most 1.5x one wide chunk (then prompts
+    ride along in verify forwards and the prefix cache is on), else 256-row chunks on torch's GEMM. The start-up
+    line gives the measured ratio."""
+    if native.library() is None:
+        pytest.skip("no C kernels")
+    monkeypatch.setenv("TANDEM_ACTIVATIONS", "fp32")
+    path = write(tmp_path / "fp32.gguf", arch="llama", std=0.3, kinds={"default": "Q4_1"}, seed=2)
+    timed = []
+
+    def prefill_ms(self, tokens, chunk_rows, runs=2):
+        timed.append((tokens, chunk_rows))
+        return exact_ms if chunk_rows == 32 else 100.0
+
+    monkeypatch.setattr(Target, "_prefill_ms", prefill_ms)
+    target = Target(GgufModel(path), make_tokenizer(260), path.stem, widths=(1,), prefill_chunk=-1)
+    assert timed == [(128, 32), (128, 128)]
+    assert target.prefill_chunk == chunk and target.scheduler.prefill_chunk == chunk
+    assert target.caches_prefixes == (chunk == 32) and target.mixes_prefill == (chunk == 32)
+    assert (target.prefix_cache is not None) == (chunk == 32)
+    line = target.startup_line()
+    assert f"prefill chunks of {chunk} tokens (32-row exact chunks measured at {exact_ms / 100:.2f}x" in line
+    assert "timing prompt chunks" in target.phases
+    # without the start-up measurements nothing is timed: the wide chunks, as before
+    timed.clear()
+    assert tiny_target(path, prefill_chunk=-1).prefill_chunk == 256 and not timed
