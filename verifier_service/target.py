@@ -5,7 +5,8 @@ Public API (used by the servicer, by a gateway in the same process and by in-pro
   target.info                            tandem.types.ModelInfo (vocab hash, context, EOS ids)
   target.start(session_id, prompt_ids, sampling) -> (first_token, compute_ms)   (await target.astart(...))
   target.verify(session_id, draft)       -> tandem.types.VerifyOutcome          (await target.averify(...))
-  target.end(session_id)                 -> bool
+  target.end(session_id)                 -> bool (its K/V stay in the prefix cache for a later prompt that
+                                                 begins with its tokens: ``verifier_service.prefix_cache``)
   target.cost_table()                    -> {block width: ms}, measured by warmup() at start-up
   target.warmup(widths)                  runs (and times) forwards at each block width
 
@@ -51,7 +52,7 @@ from verifier_service.target_model import DEFAULT_MAX_BATCH_ROWS, TargetModel
 from verifier_service.warping import warp
 
 DEFAULT_PREFILL_CHUNK = 256
-X8_PREFILL_CHUNK = 32          # where every layer runs int8 on x8 copies (``Target._default_prefill_chunk``)
+EXACT_PREFILL_CHUNK = 32       # prompt chunks on the row-exact kernels (``Target._default_prefill_chunk``)
 EXACT_PREFILL_MAX_COST = 1.5   # row-exact prompt chunks where they cost at most this many times a wide chunk
 PREFILL_PROBE_TOKENS = 128     # the prompt both ways are timed on at start-up
 MAX_BATCH_SESSIONS = 64                  # sessions in one verify forward
@@ -134,10 +135,10 @@ class Target(TargetModel):
             self.phases["measuring widths"] = self.warmup_s
 
     def _default_prefill_chunk(self, measure: bool = True) -> int:
-        """``prefill_chunk`` -1: X8_PREFILL_CHUNK tokens where every layer's linear runs int8 on an x8 copy
+        """``prefill_chunk`` -1: EXACT_PREFILL_CHUNK tokens where every layer's linear runs int8 on an x8 copy
         (those kernels cost the same a row at any width, and a chunk is the longest stall a prefill puts on the
         sessions decoding beside it). Elsewhere, with exact rows, both ways are timed now (``measure``): chunks
-        of X8_PREFILL_CHUNK rows run the row-exact kernels of a verify block, so a prompt's K/V are those its
+        of EXACT_PREFILL_CHUNK rows run the row-exact kernels of a verify block, so a prompt's K/V are those its
         tokens get in any forward (prompts then ride along in verify forwards and ended sessions' K/V serve
         later prompts: ``mixes_prefill``, ``caches_prefixes``); chunks of DEFAULT_PREFILL_CHUNK run torch's
         GEMM, faster the wider, with rows that depend on the chunk. The exact ones are kept where they cost at
@@ -151,14 +152,14 @@ class Target(TargetModel):
         linears = [x for x in w.linears() if x is not w.head] if w is not None else []
         parts = [p for x in linears for p in (getattr(x, "parts", None) or [x])]
         if bool(parts) and all(isinstance(p, BlockWeight) and p.blocks.x8 is not None for p in parts):
-            return X8_PREFILL_CHUNK
+            return EXACT_PREFILL_CHUNK
         tokens = min(PREFILL_PROBE_TOKENS, self.info.max_context - 1)
         if not measure or self.decoder is None or not self.decoder.rows_independent or tokens <= ROW_BY_ROW_MAX:
             return DEFAULT_PREFILL_CHUNK
         loading.enter("timing prompt chunks")
-        exact, wide = self._prefill_ms(tokens, X8_PREFILL_CHUNK), self._prefill_ms(tokens, tokens)
-        chosen = X8_PREFILL_CHUNK if exact <= EXACT_PREFILL_MAX_COST * wide else DEFAULT_PREFILL_CHUNK
-        self.prefill_note = (f"{X8_PREFILL_CHUNK}-row exact chunks measured at {exact / wide:.2f}x a "
+        exact, wide = self._prefill_ms(tokens, EXACT_PREFILL_CHUNK), self._prefill_ms(tokens, tokens)
+        chosen = EXACT_PREFILL_CHUNK if exact <= EXACT_PREFILL_MAX_COST * wide else DEFAULT_PREFILL_CHUNK
+        self.prefill_note = (f"{EXACT_PREFILL_CHUNK}-row exact chunks measured at {exact / wide:.2f}x a "
                              f"{tokens}-row chunk's cost")
         return chosen
 
@@ -189,10 +190,9 @@ class Target(TargetModel):
         if self.prefix_cache is not None:
             prefix = f"prefix cache of {self.prefix_cache.max_bytes / 2 ** 20:.0f} MiB"
         else:
-            prefix = "no prefix cache" + ("" if self.caches_prefixes else
+            prefix = "no prefix cache" + (" (--prefix-cache-mb 0)" if self.caches_prefixes else
                                           f" (prompt chunks of {self.prefill_chunk or 'all'} rows do not run the "
-                                          "row-exact kernels of a verify block: --activations int8 with "
-                                          "--prefill-chunk -1 does)")
+                                          "row-exact kernels of a verify block)")
         return (f"{self.path}; GEMMs {self.gemm} ({self.gemm_note}), attention {self.attention}, {batching}, "
                 f"{prefill}, {prefix} ({phases})")
 

@@ -1,7 +1,7 @@
 """A prompt that begins with an ended session's tokens (a chat's next turn) takes their K/V from the prefix cache
 and prefills only the rest, and its tokens, logits and K/V are those of a prefill from scratch: through a real
 Target on a tiny GGUF file with int8 activations on the x8 kernels (where the cache is on), greedy and seeded.
-Off on a path whose prompt rows depend on their chunks (fp32 activations)."""
+Off on a path whose prompt rows depend on their chunks (fp32 activations in wide chunks on torch's GEMM)."""
 
 from __future__ import annotations
 
