@@ -1,7 +1,8 @@
 """Tiny random-weight Llama models with a shared word-level tokenizer, for fast deterministic tests.
 
 ``make_tiny_model(dir, seed, ...)`` writes a Hugging Face model directory (config, weights,
-tokenizer) that ``tandem.models.load_causal_lm(dir)`` loads like any real model.
+tokenizer) that ``tandem.models.load_causal_lm(dir)`` loads like any real model; ``tiny_served_gguf(path)`` a
+tiny GGUF with the default target's tokenizer, for served verifiers.
 """
 
 from __future__ import annotations
@@ -65,3 +66,14 @@ GGUF_ARCHS = {
     "gemma3": dict(heads=2, kv_heads=1, head_dim=256, layers=6, window=8),
     "mistral-window": dict(heads=4, kv_heads=2, window=6),
 }
+
+
+def tiny_served_gguf(path: Path) -> Path:
+    """A tiny random Q4_1 Llama GGUF (hidden 128) carrying the default target's tokenizer: a real one, so a
+    served verifier and the HTTP API (its chat template) work on it. Written to ``path``."""
+    from tandem.bench.random_gguf import write
+    from tandem.models import resolve
+
+    default = resolve("default")
+    return write(path, arch="llama", hidden=128, heads=2, kv_heads=1, ffn=256, std=0.3, kinds={"default": "Q4_1"},
+                 seed=3, tokenizer_from=default.directory / default.gguf_file)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from procs import ServiceProcess, free_port
 
-from tandem.bench.random_gguf import write
+from tiny_models import tiny_served_gguf
 from tandem.errors import InvalidInput, NotSessionOwner, PeerFailed, UnknownSession
 from tandem.types import DraftToken, SamplingParams
 from verifier_service import native
@@ -23,12 +23,7 @@ PROMPTS = ["Write a haiku about autumn.", "What is 12 times 7?", "Name three riv
 @pytest.fixture(scope="module")
 def tiny_file(tmp_path_factory):
     """A tiny random GGUF with the default target's tokenizer (a real one: the HTTP API applies its template)."""
-    from tandem.models import resolve
-
-    default = resolve("default")
-    return write(tmp_path_factory.mktemp("local") / "tiny.gguf", arch="llama", hidden=128, heads=2, kv_heads=1,
-                 ffn=256, std=0.3, kinds={"default": "Q4_1"}, seed=3,
-                 tokenizer_from=default.directory / default.gguf_file)
+    return tiny_served_gguf(tmp_path_factory.mktemp("local") / "tiny.gguf")
 
 
 def completions(http_port: int) -> list[tuple[str, int]]:

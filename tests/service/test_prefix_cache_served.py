@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 from procs import ServiceProcess, free_port
 
-from tandem.bench.random_gguf import write
+from tiny_models import tiny_served_gguf
 from verifier_service import native
 
 pytestmark = pytest.mark.skipif(native.library() is None or native.isa() not in native.X8_ISAS,
@@ -19,12 +19,7 @@ pytestmark = pytest.mark.skipif(native.library() is None or native.isa() not in 
 
 @pytest.fixture(scope="module")
 def tiny_file(tmp_path_factory):
-    from tandem.models import resolve
-
-    default = resolve("default")
-    return write(tmp_path_factory.mktemp("prefix") / "tiny.gguf", arch="llama", hidden=128, heads=2, kv_heads=1,
-                 ffn=256, std=0.3, kinds={"default": "Q4_1"}, seed=3,
-                 tokenizer_from=default.directory / default.gguf_file)
+    return tiny_served_gguf(tmp_path_factory.mktemp("prefix") / "tiny.gguf")
 
 
 def reused_tokens(metrics_port: int) -> float:

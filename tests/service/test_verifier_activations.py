@@ -9,7 +9,7 @@ import sys
 import pytest
 from procs import ServiceProcess
 
-from tandem.bench.random_gguf import write
+from tiny_models import tiny_served_gguf
 from verifier_service import native
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="C kernels unavailable")
@@ -17,11 +17,7 @@ pytestmark = pytest.mark.skipif(native.library() is None, reason="C kernels unav
 
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_a_served_verifier_runs_int8_activations(tmp_path, how):
-    from tandem.models import resolve
-
-    default = resolve("default")                                  # its tokenizer: the verifier serves a real one
-    path = write(tmp_path / "tiny.gguf", arch="llama", hidden=128, heads=2, kv_heads=1, ffn=256, std=0.3,
-                 kinds={"default": "Q4_1"}, seed=3, tokenizer_from=default.directory / default.gguf_file)
+    path = tiny_served_gguf(tmp_path / "tiny.gguf")              # a real tokenizer: the verifier serves one
     args = ["--target", str(path), "--no-warmup", "--port", "0"]
     service = ServiceProcess("verifier", args + (["--activations", "int8"] if how == "flag" else []), tmp_path,
                              env={"TANDEM_ACTIVATIONS": "int8"} if how == "env" else None)
