@@ -166,10 +166,10 @@ class Target(TargetModel):
     def _prefill_ms(self, tokens: int, chunk: int, runs: int = 2) -> float:
         """The least wall ms of ``runs`` prefills of ``tokens`` tokens in chunks of ``chunk`` (a scratch cache;
         the first run also warms the path)."""
-        ids = [(7 * i + 3) % self.vocab_size for i in range(tokens)]
+        ids = self._probe_ids(tokens)
         best = float("inf")
         for _ in range(runs):
-            session = TargetSession("__prefill_probe__", self._new_cache(), 0, -1, SamplingParams(), None)
+            session = self._scratch_session("__prefill_probe__")
             t0 = time.perf_counter()
             for i in range(0, tokens, chunk):
                 self._forward(session, ids[i:i + chunk], last_only=True)

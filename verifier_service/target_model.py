@@ -206,8 +206,8 @@ class TargetModel:
         if not widths:
             return self.cost_table()
         context = max(1, min(int(context), self.info.max_context - widths[-1] - 1))
-        ids = [(7 * i + 3) % self.vocab_size for i in range(context + widths[-1])]
-        session = TargetSession("__warmup__", self._new_cache(), 0, -1, SamplingParams(), torch.Generator())
+        ids = self._probe_ids(context + widths[-1])
+        session = self._scratch_session("__warmup__")
         self._forward(session, ids[:context], last_only=True)
         samples: dict[int, list[float]] = {w: [] for w in widths}
         for _ in range(max(1, repeats)):
@@ -219,6 +219,14 @@ class TargetModel:
         table = {w: sorted(v)[len(v) // 2] for w, v in samples.items()}
         self._cost_table.update(table)
         return dict(table)
+
+    def _probe_ids(self, n: int) -> list[int]:
+        """``n`` fixed token ids for the forwards start-up times (no session's text)."""
+        return [(7 * i + 3) % self.vocab_size for i in range(n)]
+
+    def _scratch_session(self, name: str) -> TargetSession:
+        """A session with an empty cache of its own, never stored, for the forwards start-up times."""
+        return TargetSession(name, self._new_cache(), 0, -1, SamplingParams(), torch.Generator())
 
     def _new_cache(self):
         return torch_thread.run(self._new_cache_now)
