@@ -231,6 +231,41 @@ def step_costs(target, onnx_path: str | os.PathLike, context: int = 256, ort_thr
             "ort_threads": ort_threads, "torch_threads": torch.get_num_threads()}
 
 
+def _heldout_prompts(tokenizer, per_category: int) -> tuple[list[dict], list[list[int]]]:
+    from . import data
+
+    by = collections.defaultdict(list)
+    for q in data.spec_bench_questions("heldout"):
+        by[q["category"]].append(q)
+    sel = [q for c in sorted(by) for q in by[c][:per_category]]
+    return sel, [data.chat_prompt_ids(tokenizer, q["turns"][0]) for q in sel]
+
+
+def make_refs_served(target: str, out_path: str | os.PathLike, per_category: int = 24, max_new: int = 128,
+                     slots: int = 16) -> int:
+    """``make_refs`` through the verifier's decoder (``served_answers``): the greedy continuations the served
+    target decodes, many prompts a forward."""
+    from tandem.models import load_tokenizer
+    from verifier_service import torch_thread
+    from verifier_service.target_model import TargetModel
+
+    from .served_answers import generate_answers
+
+    sel, prompts = _heldout_prompts(load_tokenizer(target), per_category)
+    model = TargetModel.load(target)
+    if model.decoder is None:
+        raise SystemExit(f"--engine served needs the verifier's decoder; {target} runs on {model.path}")
+    rows = [{"prompt_ids": p, "source": str(i)} for i, p in enumerate(prompts)]
+    got = {}
+    torch_thread.run(generate_answers, model.decoder, rows, max_new_tokens=max_new, topk=1, slots=slots,
+                     eos_ids=model.info.eos_token_ids, on_answer=lambda r: got.__setitem__(int(r["source"]), r))
+    with open(out_path, "w") as f:
+        for i, q in enumerate(sel):
+            f.write(json.dumps({"question_id": q["question_id"], "category": q["category"], "prompt_ids": prompts[i],
+                                "greedy_ids": got[i]["tokens"][got[i]["start"]:].tolist()}) + "\n")
+    return len(sel)
+
+
 def make_refs(target, tokenizer, out_path: str | os.PathLike, per_category: int = 24, max_new: int = 128,
               batch_size: int = 8) -> int:
     """The target's greedy continuations of held-out Spec-Bench prompts (question_id % 4 != 0; the
@@ -238,12 +273,7 @@ def make_refs(target, tokenizer, out_path: str | os.PathLike, per_category: int 
     question_id, category, prompt_ids, greedy_ids. Batched with left padding, written as it goes."""
     from . import data
 
-    qs = data.spec_bench_questions("heldout")
-    by = collections.defaultdict(list)
-    for q in qs:
-        by[q["category"]].append(q)
-    sel = [q for c in sorted(by) for q in by[c][:per_category]]
-    prompts = [data.chat_prompt_ids(tokenizer, q["turns"][0]) for q in sel]
+    sel, prompts = _heldout_prompts(tokenizer, per_category)
     eos = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
     order = sorted(range(len(sel)), key=lambda i: len(prompts[i]))
     with open(out_path, "w") as f:
@@ -273,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--device", default="cpu", help="where the target writes the references: cpu, cuda, auto "
                    "(default: cpu)")
+    r.add_argument("--engine", choices=("transformers", "served"), default="transformers",
+                   help="'served': the verifier's decoder as served (its --activations from TANDEM_ACTIVATIONS), "
+                   "many prompts a forward (default: transformers)")
     e = sub.add_parser("run", help="tau (torch HF dir and/or ONNX) and the drafter/target step-cost ratio")
     e.add_argument("--target", default="default")
     e.add_argument("--refs", required=True)
@@ -304,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     from ..models import load_causal_lm, load_causal_lm_or_explain
 
     torch.set_num_threads(args.threads)
+    if args.cmd == "refs" and args.engine == "served":
+        n = make_refs_served(args.target, args.out, args.per_category, args.max_new)
+        print(f"wrote {n} references to {args.out}", file=sys.stderr)
+        return 0
     if args.cmd == "refs":
         loaded = load_causal_lm_or_explain(args.target, lambda m: print(m, file=sys.stderr), args.device)
         if loaded is None:
