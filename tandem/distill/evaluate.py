@@ -261,9 +261,11 @@ def make_refs_served(target: str, out_path: str | os.PathLike, per_category: int
                      eos_ids=model.info.eos_token_ids, on_answer=lambda r: got.__setitem__(int(r["source"]), r))
     with open(out_path, "w") as f:
         for i, q in enumerate(sel):
+            if i not in got:                    # longer than the target's context
+                continue
             f.write(json.dumps({"question_id": q["question_id"], "category": q["category"], "prompt_ids": prompts[i],
                                 "greedy_ids": got[i]["tokens"][got[i]["start"]:].tolist()}) + "\n")
-    return len(sel)
+    return len(got)
 
 
 def make_refs(target, tokenizer, out_path: str | os.PathLike, per_category: int = 24, max_new: int = 128,

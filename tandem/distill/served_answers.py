@@ -88,11 +88,14 @@ def generate_answers(decoder, prompts: list[dict], *, samples: int = 1, temperat
                      max_new_tokens: int = 128, topk: int = 8, slots: int = 16, eos_ids=(), seed: int = 0,
                      on_answer=None, progress=None) -> dict:
     """Answers every prompt ``samples`` times; ``on_answer(record)`` gets each finished teacher record (the
-    format of ``answers.answer_prompts``). ``slots``: answers decoded together (rows a forward)."""
+    format of ``answers.answer_prompts``). ``slots``: answers decoded together (rows a forward). A prompt
+    that fills the target's context is left out (``skipped_prompts``); an answer ends where the context does."""
     import torch
 
     eos = {int(e) for e in eos_ids}
-    queue = [(p, s) for p in range(len(prompts)) for s in range(samples)]
+    context = decoder.max_length
+    fits = [i for i, p in enumerate(prompts) if len(p["prompt_ids"]) < context]      # room for one answer token
+    queue = [(p, s) for p in fits for s in range(samples)]
     queue.reverse()
     states: dict[int, _Prompt] = {}
     active: list[_Answer] = []
@@ -124,12 +127,12 @@ def generate_answers(decoder, prompts: list[dict], *, samples: int = 1, temperat
                 _prefill(decoder, prompt, topk, max_new_tokens)
                 n_prompt += len(prompt.ids)
             cache = decoder.new_cache()
-            cache.load_prefix(prompt.cache.kv, prompt.cache.length, len(prompt.ids) + max_new_tokens)
+            cache.load_prefix(prompt.cache.kv, prompt.cache.length, min(context, len(prompt.ids) + max_new_tokens))
             a = _Answer(prompt, s, cache, np.random.default_rng([seed, pi, s]))
             a.tokens.append(_choose(prompt.last, a, temperature))
             if s == samples - 1:
                 states.pop(pi)
-            if a.tokens[-1] in eos or max_new_tokens <= 1:
+            if a.tokens[-1] in eos or max_new_tokens <= 1 or len(prompt.ids) + 1 >= context:
                 finish(a)
             else:
                 active.append(a)
@@ -143,7 +146,7 @@ def generate_answers(decoder, prompts: list[dict], *, samples: int = 1, temperat
             a.ids.append(i[r])
             a.lps.append(v[r])
             a.tokens.append(_choose(lp[r], a, temperature))
-            if a.tokens[-1] in eos or len(a.tokens) >= max_new_tokens:
+            if a.tokens[-1] in eos or len(a.tokens) >= max_new_tokens or a.cache.length + 1 >= context:
                 done.append(a)
         for a in done:
             active.remove(a)
@@ -151,6 +154,7 @@ def generate_answers(decoder, prompts: list[dict], *, samples: int = 1, temperat
         if progress is not None:
             progress(n_answer, n_prompt, time.perf_counter() - t0)
     return {"answer_tokens": n_answer, "prompt_tokens": n_prompt, "forwards": forwards,
+            "skipped_prompts": len(prompts) - len(fits),
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -194,8 +198,8 @@ def answer_prompts_served(target: str, prompts: list[dict], out_dir: str | os.Pa
         info = torch_thread.run(generate_answers, model.decoder, [prompts[i] for i in shard], samples=samples,
                                 temperature=temperature, max_new_tokens=max_new_tokens, topk=topk, slots=slots,
                                 eos_ids=eos, seed=seed + k, on_answer=keep, progress=shown)
-        totals["answer_tokens"] += info["answer_tokens"]
-        totals["prompt_tokens"] += info["prompt_tokens"]
+        for key in ("answer_tokens", "prompt_tokens", "skipped_prompts"):
+            totals[key] = totals.get(key, 0) + info[key]
         tmp = path.with_suffix(".tmp")
         torch.save(saved, tmp)
         os.replace(tmp, path)

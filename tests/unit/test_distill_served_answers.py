@@ -106,3 +106,38 @@ def test_the_command_writes_resumable_shards(served, tmp_path):
     first = shards[0].stat().st_mtime_ns
     assert answers.main(argv) == 0
     assert shards[0].stat().st_mtime_ns == first   # kept, not rewritten
+
+
+def test_served_references_are_the_targets_greedy_answers_to_held_out_questions(served, tmp_path):
+    import json
+
+    from tandem.distill import data, evaluate
+    from verifier_service import torch_thread
+
+    path, model = served
+    out = tmp_path / "refs.jsonl"
+    n = evaluate.make_refs_served(str(path), out, per_category=1, max_new=6)
+    refs = [json.loads(line) for line in out.read_text().splitlines()]
+    # one question a category; those longer than the tiny target's context (512) are left out
+    assert n == len(refs) == len({r["category"] for r in refs}) >= 8
+    assert not any(data.is_training_question(r["question_id"]) for r in refs)  # held out only
+    eos = set(model.info.eos_token_ids)
+    for r in refs[:4]:
+        assert r["greedy_ids"] == torch_thread.run(_plain_greedy, model.decoder, r["prompt_ids"], 6, eos)
+
+
+def test_prompts_past_the_context_are_left_out_and_answers_end_at_it(served):
+    from tandem.distill.served_answers import generate_answers
+    from verifier_service import torch_thread
+
+    _, model = served
+    context = model.decoder.max_length
+    prompts = [{"prompt_ids": [1] + [5] * (context + 3), "source": "long"},
+               {"prompt_ids": [1] + [7] * (context - 6), "source": "near"},
+               {"prompt_ids": [1, 9, 10], "source": "short"}]
+    got = []
+    info = torch_thread.run(generate_answers, model.decoder, prompts, max_new_tokens=40, topk=2, eos_ids=(),
+                            on_answer=got.append)
+    assert info["skipped_prompts"] == 1 and sorted(r["source"] for r in got) == ["near", "short"]
+    near = next(r for r in got if r["source"] == "near")
+    assert len(near["tokens"]) <= context and near["top_ids"].shape[0] == len(near["tokens"]) - 1
