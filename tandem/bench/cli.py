@@ -89,6 +89,8 @@ def configure(p) -> None:
          "(default 0), drafter on --drafter-cpus (default 1), --delays of added round trip; plain, lookup-only "
          "(no drafter node) and auto per delay (tandem.bench.two_machine)", cast=bool)
     flag(g, "delays", "0,5,20", help="--two-machine: added round trips between gateway and drafter, in ms")
+    flag(g, "two-machine-k", "", help="--two-machine: pinned draft lengths run beside auto on the first drafter "
+         "node (its auto mode's gateway and drafter), e.g. 1,2: whether the k policy leaves speed on the table")
     flag(g, "drafter-nodes", None, help="--two-machine: ';'-separated drafter nodes compared in the sitting, each a "
          "drafter and its serve-drafter flags, e.g. 'default;default --suffix off;suffix' (default: --drafter)")
     flag(g, "concurrency", "", help="N clients at once, e.g. 1,2,4,8: aggregate tok/s and p50/p95 inter-token "

@@ -16,7 +16,9 @@ prompt over gRPC:
   drafted while the last one was verified), where the gateway has that flag;
 * with ``--drafter-nodes`` (several drafter nodes compared in the sitting, e.g. the shipped drafter and the
   model-free ``suffix`` node), the auto modes of each further node are named ``<node>:auto@Dms``; the
-  no-ahead modes run for the first node only.
+  no-ahead modes run for the first node only;
+* with ``--two-machine-k 1,2``: ``k=K@Dms``, a pinned draft length on the first node's auto gateway and
+  drafter (the same processes as ``auto@Dms``), to see what the k policy leaves on the table.
 
 Each auto mode has a drafter process of its own, so a node that learns from traffic (suffix drafting) learns
 only from the prompts its own mode sent; and each request carries its own ``cache_salt``, so the verifier
@@ -59,6 +61,14 @@ def gateway_flags() -> set[str]:
     p = argparse.ArgumentParser()
     configure(p)
     return {s for a in p._actions for s in a.option_strings}
+
+
+def pinned_ks(spec: str | None) -> list[int]:
+    """The pinned draft lengths of ``--two-machine-k`` ("1,2"; empty: none)."""
+    ks = sorted({int(x) for x in (spec or "").replace(" ", "").split(",") if x})
+    if any(k < 1 for k in ks):
+        raise ValueError(f"--two-machine-k needs draft lengths >= 1, not {spec!r}")
+    return ks
 
 
 def drafter_nodes(spec: str | None, drafter: str) -> list[tuple[str, list[str]]]:
@@ -168,6 +178,11 @@ def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print
         runners[PLAIN] = runners[LOOKUP_ONLY]
         modes = [PLAIN, LOOKUP_ONLY] + [n for n, _ in specs if n != LOOKUP_ONLY]
         mode_of = {PLAIN: M.BASELINE_MODE}
+        for d in delays:                     # pinned k on the first node's auto gateway (and so its drafter)
+            for k in pinned_ks(getattr(args, "two_machine_k", "")):
+                name = f"k={k}@{d:g}ms"
+                runners[name], mode_of[name] = runners[auto_name(d)], M.spec_mode(k)
+                modes.append(name)
 
         def run(name, prompt, repeat=0, max_tokens=None):
             s = runners[name].run(mode_of.get(name, M.AUTO_MODE), prompt, settings, repeat, max_tokens=max_tokens)

@@ -296,7 +296,7 @@ def test_eight_parallel_streams(hs):
 
 def test_disconnect_mid_stream_frees_both_sessions(hs):
     target, drafter = hs.stack.target, hs.stack.drafter
-    hs.slow.delay = 0.05                # ~200 rounds of 50 ms: many seconds if nobody cancelled it
+    hs.slow.delay = 0.1                 # ~200 rounds of 100 ms: 20 s if nobody cancelled it
     try:
         body = chat_body("w1 w2 w3", max_tokens=200, ignore_eos=True, stream=True)
         with httpx.stream("POST", f"{hs.url}/v1/chat/completions", json=body, timeout=60) as r:
@@ -311,8 +311,8 @@ def test_disconnect_mid_stream_frees_both_sessions(hs):
             assert hs.gateway.active_requests == 1
         closed = time.monotonic()
         assert wait_until(lambda: target.sessions.count() == 0 and drafter.session_count() == 0
-                          and hs.gateway.active_requests == 0, 3.0)
-        assert time.monotonic() - closed < 3.0
+                          and hs.gateway.active_requests == 0, 8.0)     # room for a loaded CI host
+        assert time.monotonic() - closed < 8.0
     finally:
         hs.slow.delay = 0.0
     ok = httpx.post(f"{hs.url}/v1/chat/completions", json=chat_body(max_tokens=4), timeout=60)

@@ -353,18 +353,21 @@ def test_two_machine_sitting_on_tiny_models(tmp_path, questions_file, tiny_targe
     out = tmp_path / "out"
     cli, args = _bench_args("--two-machine", "--delays", "0,30", "--target", str(tiny_target_dir), "--drafter",
                             str(tiny_target_export[0]), "--questions", str(questions_file), "--split", "all",
-                            "--drafter-nodes", f"{tiny_target_export[0]};suffix", "--out", str(out))
+                            "--drafter-nodes", f"{tiny_target_export[0]};suffix", "--two-machine-k", "2",
+                            "--out", str(out))
     assert cli.run(args) == 0
     r = json.loads((out / "results.json").read_text())
     a = r["analysis"]
     assert r["modes"] == ["plain", "lookup-only", "auto@0ms", "no-ahead@0ms", "suffix:auto@0ms", "auto@30ms",
-                          "no-ahead@30ms", "suffix:auto@30ms"]
+                          "no-ahead@30ms", "suffix:auto@30ms", "k=2@0ms", "k=2@30ms"]
+    for d in (0, 30):            # pinned k: the first node's gateway and drafter draft (at 30 ms too)
+        assert a["modes"][f"k=2@{d}ms"]["sources"]["drafted_rounds"] > 0
     assert not a["mismatches"] and not a["errors"]
     lookup = a["modes"][T.LOOKUP_ONLY]["sources"]
     assert lookup["drafted_rounds"] == 0 and set(lookup["rounds"]) <= {"plain", "copy"}
     assert set(a["modes"][T.PLAIN]["sources"]["rounds"]) == {"plain"}
     drafter = lambda m: r["gateway_commands"][m][r["gateway_commands"][m].index("--drafter") + 1]
-    auto = [m for m in r["modes"] if "@" in m]
+    auto = [m for m in r["modes"] if "@" in m and not m.startswith("k=")]
     assert len({drafter(m) for m in auto}) == len(auto) == 6      # a drafter (and its relay) per auto mode
     assert a["modes"]["no-ahead@0ms"]["sources"]["rounds"].get("ahead", 0) == 0
     drafter_name = r["models"]["drafter"]["model_name"]
