@@ -295,6 +295,9 @@ def run_sitting(args) -> int:
     args.delays_list = _floats(args.delays, "--delays")
     if any(d < 0 for d in args.delays_list):
         raise ValueError("--delays are added round trips in ms, >= 0")
+    args.two_machine_ks = sorted(set(_ints(args.two_machine_k, "--two-machine-k")))
+    if any(k < 1 for k in args.two_machine_ks):
+        raise ValueError("--two-machine-k needs draft lengths >= 1, e.g. 1,2")
     args.concurrency_levels = _ints(args.concurrency, "--concurrency") if args.concurrency else []
     if name == "concurrency" and (not args.concurrency_levels or min(args.concurrency_levels) < 1):
         raise ValueError("--concurrency takes client counts >= 1, e.g. 1,2,4,8")

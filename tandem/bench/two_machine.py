@@ -63,14 +63,6 @@ def gateway_flags() -> set[str]:
     return {s for a in p._actions for s in a.option_strings}
 
 
-def pinned_ks(spec: str | None) -> list[int]:
-    """The pinned draft lengths of ``--two-machine-k`` ("1,2"; empty: none)."""
-    ks = sorted({int(x) for x in (spec or "").replace(" ", "").split(",") if x})
-    if any(k < 1 for k in ks):
-        raise ValueError(f"--two-machine-k needs draft lengths >= 1, not {spec!r}")
-    return ks
-
-
 def drafter_nodes(spec: str | None, drafter: str) -> list[tuple[str, list[str]]]:
     """The drafter nodes of the sitting: (label, serve-drafter flags) for each ';'-separated entry of
     ``spec`` (a drafter name or path, then its flags: "default --suffix off"); [``drafter``] when empty."""
@@ -179,7 +171,7 @@ def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print
         modes = [PLAIN, LOOKUP_ONLY] + [n for n, _ in specs if n != LOOKUP_ONLY]
         mode_of = {PLAIN: M.BASELINE_MODE}
         for d in delays:                     # pinned k on the first node's auto gateway (and so its drafter)
-            for k in pinned_ks(getattr(args, "two_machine_k", "")):
+            for k in getattr(args, "two_machine_ks", []):
                 name = f"k={k}@{d:g}ms"
                 runners[name], mode_of[name] = runners[auto_name(d)], M.spec_mode(k)
                 modes.append(name)

@@ -221,18 +221,17 @@ def _main_served(args) -> int:
         os.environ[quant.ACTIVATIONS_ENV] = quant.activation_mode(args.activations)
     import torch
 
-    from tandem.models import load_tokenizer
-
-    from .served_answers import answer_prompts_served
+    from .served_answers import answer_prompts_served, served_model
 
     torch.set_num_threads(args.threads)
-    read = _read_prompts(args.prompts, load_tokenizer(args.target), args.max_prompt)
+    model = served_model(args.target)
+    read = _read_prompts(args.prompts, model.tokenizer, args.max_prompt)
     if read is None:
         return 2
     prompts, skipped = read
     print(f"[answers] {len(prompts)} prompts x {args.samples} answers ({skipped} longer than {args.max_prompt} "
           f"tokens skipped), {quant.activation_mode()} activations", file=sys.stderr)
-    info = answer_prompts_served(args.target, prompts, args.out_dir, samples=args.samples,
+    info = answer_prompts_served(model, prompts, args.out_dir, samples=args.samples,
                                  temperature=args.temperature, max_new_tokens=args.max_new_tokens, topk=args.topk,
                                  shard_size=args.shard_size, slots=args.slots, seed=args.seed,
                                  progress=not args.no_progress)

@@ -245,16 +245,12 @@ def make_refs_served(target: str, out_path: str | os.PathLike, per_category: int
                      slots: int = 16) -> int:
     """``make_refs`` through the verifier's decoder (``served_answers``): the greedy continuations the served
     target decodes, many prompts a forward."""
-    from tandem.models import load_tokenizer
     from verifier_service import torch_thread
-    from verifier_service.target_model import TargetModel
 
-    from .served_answers import generate_answers
+    from .served_answers import generate_answers, served_model
 
-    sel, prompts = _heldout_prompts(load_tokenizer(target), per_category)
-    model = TargetModel.load(target)
-    if model.decoder is None:
-        raise SystemExit(f"--engine served needs the verifier's decoder; {target} runs on {model.path}")
+    model = served_model(target)
+    sel, prompts = _heldout_prompts(model.tokenizer, per_category)
     rows = [{"prompt_ids": p, "source": str(i)} for i, p in enumerate(prompts)]
     got = {}
     torch_thread.run(generate_answers, model.decoder, rows, max_new_tokens=max_new, topk=1, slots=slots,

@@ -35,7 +35,6 @@ class _Prompt:
     top_logp: np.ndarray | None = None
     last: object = None                        # log-probs [V] after the whole prompt
     first: tuple = ()                          # (top ids [K], top log-probs [K]) of that last row
-    left: int = 0                              # samples not finished yet
 
 
 @dataclass
@@ -68,9 +67,8 @@ def _choose(lp_row, answer: _Answer, temperature: float) -> int:
     return int(min(np.searchsorted(cdf, answer.rng.random() * cdf[-1], side="right"), cdf.shape[0] - 1))
 
 
-def _prefill(decoder, prompt: _Prompt, topk: int, reserve: int) -> None:
+def _prefill(decoder, prompt: _Prompt, topk: int) -> None:
     cache = decoder.new_cache()
-    cache.reserve(min(cache.max_length, len(prompt.ids) + reserve))
     ids_parts, lp_parts, last = [], [], None
     for s in range(0, len(prompt.ids), PREFILL_CHUNK):
         lp, i, v = _topk(decoder.forward(cache, prompt.ids[s:s + PREFILL_CHUNK]), topk)
@@ -112,9 +110,6 @@ def generate_answers(decoder, prompts: list[dict], *, samples: int = 1, temperat
                "category": p.row.get("category", ""), "sample": a.sample,
                "temperature": 0.0 if a.sample == 0 else temperature}
         n_answer += len(a.tokens)
-        p.left -= 1
-        if p.left == 0:
-            p.cache = None
         if on_answer is not None:
             on_answer(rec)
 
@@ -123,15 +118,15 @@ def generate_answers(decoder, prompts: list[dict], *, samples: int = 1, temperat
             pi, s = queue.pop()
             prompt = states.get(pi)
             if prompt is None:
-                prompt = states[pi] = _Prompt(prompts[pi], list(prompts[pi]["prompt_ids"]), left=samples)
-                _prefill(decoder, prompt, topk, max_new_tokens)
+                prompt = states[pi] = _Prompt(prompts[pi], list(prompts[pi]["prompt_ids"]))
+                _prefill(decoder, prompt, topk)
                 n_prompt += len(prompt.ids)
             cache = decoder.new_cache()
             cache.load_prefix(prompt.cache.kv, prompt.cache.length, min(context, len(prompt.ids) + max_new_tokens))
             a = _Answer(prompt, s, cache, np.random.default_rng([seed, pi, s]))
             a.tokens.append(_choose(prompt.last, a, temperature))
-            if s == samples - 1:
-                states.pop(pi)
+            if s == samples - 1:                # its last answer has its K/V: the prompt's copy goes
+                states.pop(pi).cache = None
             if a.tokens[-1] in eos or max_new_tokens <= 1 or len(prompt.ids) + 1 >= context:
                 finish(a)
             else:
@@ -158,22 +153,29 @@ def generate_answers(decoder, prompts: list[dict], *, samples: int = 1, temperat
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def answer_prompts_served(target: str, prompts: list[dict], out_dir: str | os.PathLike, *, samples: int = 1,
+def served_model(target: str):
+    """The target as the verifier loads it (``TargetModel``); SystemExit naming the path it runs on when that
+    is not the verifier's decoder (transformers' forward runs one session a forward)."""
+    from verifier_service.target_model import TargetModel
+
+    model = TargetModel.load(target)
+    if model.decoder is None:
+        raise SystemExit(f"--engine served needs the verifier's decoder; {target} runs on {model.path}")
+    return model
+
+
+def answer_prompts_served(model, prompts: list[dict], out_dir: str | os.PathLike, *, samples: int = 1,
                           temperature: float = 0.8, max_new_tokens: int = 128, topk: int = 8,
                           shard_size: int = 256, slots: int = 16, seed: int = 0, progress: bool = True) -> dict:
-    """``answers.answer_prompts`` through the verifier's decoder: shards of ``shard_size`` prompts (all their
-    samples), existing shards kept (a rerun resumes)."""
+    """``answers.answer_prompts`` through the decoder of ``model`` (``served_model``): shards of ``shard_size``
+    prompts (all their samples), existing shards kept (a rerun resumes)."""
     import torch
     from tqdm import tqdm
 
     from verifier_service import torch_thread
-    from verifier_service.target_model import TargetModel
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = TargetModel.load(target)
-    if model.decoder is None:
-        raise SystemExit(f"--engine served needs the verifier's decoder; {target} runs on {model.path}")
     print(f"[answers] {model.path}", file=sys.stderr)
     eos = model.info.eos_token_ids
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]["prompt_ids"]), i))
