@@ -99,6 +99,15 @@ def security_flags(p: argparse.ArgumentParser, server: bool) -> None:
         flag(p, "insecure", help="allow listening on a non-loopback address without TLS", cast=bool)
 
 
+def write_port_file(path, port: int) -> None:
+    """Writes ``--port-file``: whole or not at all (a temporary file renamed over it), so whoever waits for the
+    file to exist never reads it empty."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(str(port))
+    os.replace(tmp, path)
+
+
 def server_flags(p: argparse.ArgumentParser, port_default: int) -> None:
     """What every serve-* command has: where to listen, graceful stop, CPU pinning, TLS, metrics."""
     flag(p, "host", DEFAULT_HOST, help="address to listen on (loopback by default; any other needs TLS or "

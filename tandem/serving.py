@@ -14,13 +14,13 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tandem.errors import log_bug, wire_of
+from tandem.flags import write_port_file
 from tandem.sessions import CALLER
 
 log = logging.getLogger(__name__)
@@ -268,7 +268,7 @@ async def run_until_signalled(service: Service, name: str, grace: float = 5.0, p
     """Announces the port, waits for SIGINT/SIGTERM, then stops gracefully."""
     print(f"[tandem] {name} listening on port {service.port}", file=sys.stderr, flush=True)
     if port_file:
-        Path(port_file).write_text(str(service.port))
+        write_port_file(port_file, service.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -19,6 +19,8 @@ import signal
 import socket
 from pathlib import Path
 
+from tandem.flags import write_port_file
+
 
 class Delay:
     """The one-way delay in seconds: fixed, or followed from a file (milliseconds)."""
@@ -81,7 +83,7 @@ async def serve(listen: str, to: str, delay: Delay, port_file: Path, port: int =
         await asyncio.gather(pipe(c_reader, u_writer, delay), pipe(u_reader, c_writer, delay))
 
     server = await asyncio.start_server(handle, listen, port)
-    port_file.write_text(str(server.sockets[0].getsockname()[1]))
+    write_port_file(port_file, server.sockets[0].getsockname()[1])
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
