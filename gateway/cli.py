@@ -39,6 +39,11 @@ def configure(p) -> None:
          choices=("coupled", "rejection"))
     flag(p, "no-draft-ahead", help="ask the drafter for each block when the round needs it (Propose), instead of "
          "having it draft the next block while the verifier checks this one (its DraftAhead stream)", cast=bool)
+    flag(p, "plain-ahead", 0, int, help="with drafting ahead, tokens the drafter keeps drafted beyond the sequence "
+         "while rounds are plain steps too (e.g. 3): when the target's next token is the drafter's guess, the rest is "
+         "a block ready at once, at no drafter time. It costs a message each way a round on the gateway's cores, so "
+         "it pays only with a drafter that guesses the target's token often (0: during plain steps the drafter "
+         "only follows the text, every 32 tokens)")
     flag(p, "drafter-shares-cpus", help="the drafter runs a model on the verifier's cores (one box; `tandem up` sets "
          "it for a model drafter unless --drafter-cpus and --verifier-cpus are disjoint): no drafting ahead (it would take cores from the "
          "forward it overlaps), and the draft-length choice counts a drafted token's time against every session "
@@ -104,7 +109,7 @@ async def run(args) -> int:
                            max_concurrent_requests=args.max_concurrent_requests,
                            drafter_retry_max_s=args.drafter_retry_max,
                            local_lookup=not args.no_local_lookup, probe_budget=args.probe_budget,
-                           draft_ahead=not args.no_draft_ahead,
+                           draft_ahead=not args.no_draft_ahead, plain_ahead=args.plain_ahead,
                            drafter_shares_cpus=args.drafter_shares_cpus, lookup_only=args.lookup_only,
                            unseeded_sampling=args.unseeded_sampling,
                            max_prompt_tokens=args.max_prompt_tokens, max_request_bytes=args.max_request_bytes)

@@ -33,6 +33,7 @@ class GatewayConfig:
     max_concurrent_requests: int = 64     # more at once are refused (RESOURCE_EXHAUSTED); 0: no limit
     local_lookup: bool = True             # blocks prompt lookup supplies whole are copied here (gateway.rounds)
     draft_ahead: bool = True              # the drafter drafts the next block while the verifier checks this one
+    plain_ahead: int = 0                  # tokens kept drafted ahead during plain steps too (0: it only follows)
     drafter_shares_cpus: bool = False     # the drafter runs on the verifier's cores (one box): no drafting ahead,
                                           # and drafting's time counts against every session sharing a forward
     lookup_only: bool = False             # no drafter: blocks prompt lookup supplies, copied here (LOOKUP_ONLY_RULE)
@@ -45,5 +46,7 @@ class GatewayConfig:
         if self.unseeded_sampling not in UNSEEDED_SAMPLING:
             raise ValueError(f"--unseeded-sampling must be one of {', '.join(UNSEEDED_SAMPLING)}, "
                              f"got {self.unseeded_sampling!r}")
+        if not 0 <= self.plain_ahead <= 64:
+            raise ValueError(f"--plain-ahead must be between 0 and 64 tokens, got {self.plain_ahead}")
         if not 0.0 <= self.probe_budget < 1.0:
             raise ValueError(f"--probe-budget must be in [0, 1) (a share of plain throughput), got {self.probe_budget}")

@@ -66,13 +66,16 @@ class Proposer:
     """The proposal step for one request (``propose`` before the verify, ``advance`` after it)."""
 
     def __init__(self, session_id: str, token: str, sampling: SamplingParams, drafter: DrafterPort | None,
-                 vocab_size: int = 0, min_confidence: float = 0.0, timeout_s: float = 15.0, ahead: bool = True):
+                 vocab_size: int = 0, min_confidence: float = 0.0, timeout_s: float = 15.0, ahead: bool = True,
+                 plain_ahead: int = 0):
         """``token``: the drafter session's secret; ``vocab_size``: the target's (drafted ids are checked
         against it); ``timeout_s``: the longest a round waits for streamed tokens; ``ahead``: use the drafter's
-        DraftAhead stream where it serves one."""
+        DraftAhead stream where it serves one; ``plain_ahead``: tokens it keeps drafted while rounds are plain
+        steps (``advance``)."""
         self.session_id, self.token, self.sampling = session_id, token, sampling
         self.drafter = drafter
         self.vocab_size, self.min_confidence, self.timeout_s = vocab_size, min_confidence, timeout_s
+        self.plain_ahead = max(0, min(AHEAD_MAX, int(plain_ahead)))
         # the confidence stop is the drafter's, per Propose call: such requests ask with Propose
         self._use_ahead = ahead and not min_confidence and hasattr(drafter, "open_ahead")
         self._stream: AheadPort | None = None
@@ -90,7 +93,7 @@ class Proposer:
             self._use_ahead = False
             return
         try:
-            await self._stream.sync(prompt, _depth(k) + 1)
+            await self._stream.sync(prompt, max(_depth(k) + 1, self.plain_ahead))
         except DrafterUnavailable:
             return                  # the first propose reports it (or falls back to Propose)
         self._seen = len(prompt)
@@ -142,11 +145,11 @@ class Proposer:
                 if self._stream is None:
                     self._use_ahead = False
                     return None
-                await self._sync(sequence, k)
+                await self._sync(sequence, _depth(k))
             ready = self._stream.usable(sequence)
             if len(ready) >= k:
                 return ProposalStep(Proposal(tuple(ready[:k])), "ahead")
-            await self._sync(sequence, k)                     # after a plain streak it was only following
+            await self._sync(sequence, _depth(k))             # after a plain streak it was only following
             got = await self._stream.wait(sequence, k, self.timeout_s)
         except AheadUnsupported:
             self._stream, self._use_ahead = None, False
@@ -167,23 +170,33 @@ class Proposer:
     # ---- after the round ---------------------------------------------------------------------------
     async def advance(self, sequence: list[int], next_k: int) -> None:
         """Tells a drafting-ahead drafter the sequence the round left, and to keep drafted what a round of
-        ``next_k`` tokens and the one after it would use. In a plain streak (none) it has nothing to draft: once
-        told so, it is sent the new text every ``FOLLOW_EVERY`` tokens instead of every round (a message a round
-        and session costs both boxes CPU; on one box, the verifier's), and all of it when a block is wanted."""
+        ``next_k`` tokens and the one after it would use.
+
+        After a plain step (``next_k`` 0) it keeps ``plain_ahead`` tokens drafted: its guess of the target's
+        next token, then a block after it. When the target's token is that guess, the rest is drafted from the
+        real context and ready when the next round begins, at no drafter time: the choice of k sees it
+        (``ready``). Without that, a drafted round after a plain step always waits for the drafter. It costs a
+        message each way every round on the gateway's cores, so it pays only with a drafter that often guesses
+        the target's token (off by default: ``--plain-ahead``). With ``plain_ahead`` 0 it has nothing to draft
+        in a plain streak: once told so, it is sent the new text every ``FOLLOW_EVERY`` tokens instead of every
+        round (a message a round and session costs both boxes CPU; on one box, the verifier's), and all of it
+        when a block is wanted."""
         if self._stream is None:
             return
-        if next_k <= 0 and self._following and len(sequence) - self._followed < FOLLOW_EVERY:
+        depth = _depth(next_k) if next_k > 0 else self.plain_ahead
+        if depth <= 0 and self._following and len(sequence) - self._followed < FOLLOW_EVERY:
             return
         try:
-            await self._sync(sequence, next_k)
+            await self._sync(sequence, depth)
         except DrafterUnavailable:
             return                  # the next propose reports it
 
-    async def _sync(self, sequence: Sequence[int], k: int) -> None:
-        """Sends the stream ``sequence`` and the depth blocks of k want; a drafter asked to draft reads it."""
-        await self._stream.sync(sequence, _depth(k))
-        self._followed, self._following = len(sequence), k <= 0
-        if k > 0:
+    async def _sync(self, sequence: Sequence[int], depth: int) -> None:
+        """Sends the stream ``sequence`` and the tokens to keep drafted beyond it; a drafter asked to draft
+        reads it."""
+        await self._stream.sync(sequence, depth)
+        self._followed, self._following = len(sequence), depth <= 0
+        if depth > 0:
             self._seen = len(sequence)
 
     async def close(self, sequence: Sequence[int] = ()) -> None:

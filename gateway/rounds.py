@@ -59,6 +59,7 @@ class Request:
     lookup: LookupRule | None = None     # the drafter's prompt lookup (its GetInfo): predicted with its rule
     local_lookup: bool = True            # a block that rule supplies whole, unchecked, is copied here
     draft_ahead: bool = True             # the drafter drafts the next block while the verifier checks this one
+    plain_ahead: int = 0                 # and keeps this many tokens drafted while rounds are plain steps
     drafter_timeout_s: float = 15.0      # the longest a round waits for drafted tokens
     lookup_only: bool = False            # no drafter: a round drafts only what lookup supplies, copied here
     cache_salt: str = ""                 # the verifier's prefix cache is shared only within one salt
@@ -72,7 +73,7 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
     rule = req.lookup
     lookup = LookupIndex(rule.max_ngram, rule.min_ngram) if rule is not None and rule.max_ngram > 0 else None
     proposer = Proposer(req.session_id, req.drafter_token, req.sampling, drafter, req.vocab_size, req.min_confidence,
-                        req.drafter_timeout_s, req.draft_ahead)
+                        req.drafter_timeout_s, req.draft_ahead, req.plain_ahead)
     remaining = req.max_tokens
 
     try:
@@ -80,7 +81,7 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
         # the first round's room to draft: the drafter reads the prompt during the prefill if it will draft
         first_budget = min(req.k, req.max_tokens - 2, req.max_context - len(sequence) - 2)
         with telemetry.span("prefill", {"tandem.prompt_tokens": len(req.prompt_ids)}, req.trace_context):
-            if policy is None or policy.expects_drafting:
+            if policy is None or policy.expects_drafting or proposer.plain_ahead:
                 await proposer.start(sequence, first_budget)
             first, prefill_ms = await verifier.start(req.session_id, req.prompt_ids, req.sampling, req.verifier_token,
                                                      req.k, cache_salt=req.cache_salt)

@@ -91,6 +91,9 @@ def configure(p) -> None:
     flag(g, "delays", "0,5,20", help="--two-machine: added round trips between gateway and drafter, in ms")
     flag(g, "two-machine-k", "", help="--two-machine: pinned draft lengths run beside auto on the first drafter "
          "node (its auto mode's gateway and drafter), e.g. 1,2: whether the k policy leaves speed on the table")
+    flag(g, "two-machine-variants", "no-ahead", help="--two-machine: comma-separated variants of the first drafter "
+         "node's auto mode run beside it: no-ahead (a Propose call per block, --no-draft-ahead), plain-ahead (drafting "
+         "ahead during plain steps too, --plain-ahead 3); 'none' for neither")
     flag(g, "drafter-nodes", None, help="--two-machine: ';'-separated drafter nodes compared in the sitting, each a "
          "drafter and its serve-drafter flags, e.g. 'default;default --suffix off;suffix' (default: --drafter)")
     flag(g, "concurrency", "", help="N clients at once, e.g. 1,2,4,8: aggregate tok/s and p50/p95 inter-token "
@@ -296,6 +299,13 @@ def run_sitting(args) -> int:
     if any(d < 0 for d in args.delays_list):
         raise ValueError("--delays are added round trips in ms, >= 0")
     args.two_machine_ks = sorted(set(_ints(args.two_machine_k, "--two-machine-k")))
+    from tandem.bench.two_machine import VARIANTS
+
+    args.two_machine_variants_list = [v for v in (w.strip() for w in args.two_machine_variants.split(","))
+                                      if v and v != "none"]
+    unknown = [v for v in args.two_machine_variants_list if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"--two-machine-variants: unknown {', '.join(unknown)} (known: {', '.join(VARIANTS)}, none)")
     if any(k < 1 for k in args.two_machine_ks):
         raise ValueError("--two-machine-k needs draft lengths >= 1, e.g. 1,2")
     args.concurrency_levels = _ints(args.concurrency, "--concurrency") if args.concurrency else []

