@@ -77,6 +77,12 @@ def test_find_tools_order_and_the_build_hint(stand_in_bin, tmp_path, monkeypatch
     assert T.find_tools(None, cache=empty_cache).bench == empty_cache / "10.0.0" / "bin" / "llama-bench"
     monkeypatch.setenv("PATH", str(stand_in_bin))
     assert T.find_tools(None, cache=tmp_path / "none").origin == "PATH"
+    # a forced-ISA build goes beside the cache, never where find_tools looks: --llama-bin-dir picks it
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert T.cache_root("avx2") == tmp_path / "xdg" / "tandem" / "llama.cpp-avx2"
+    assert T.cache_root() == tmp_path / "xdg" / "tandem" / "llama.cpp"
+    with pytest.raises(ValueError, match="isa 'sse'"):
+        T.build(isa="sse")
 
 
 def test_llama_bench_decode_row(stand_in_bin, tmp_path):
