@@ -33,19 +33,28 @@ static inline __m256 f32(__m256i v) { return _mm256_cvtepi32_ps(v); }
         for (int k = 0; k < 4; k++) acc[r][k] = _mm256_fmadd_ps((w)[k], _mm256_loadu_ps(xr + 8 * k), acc[r][k]); \
     }
 
-/* The fifth bits of elements 8k..8k+7 of a Q5_0/Q5_1 block (bits 8k.. of qh), as 16 or 0 per lane. */
-static inline __m256i fifth_bits(uint32_t qh, int k) {
-    const __m256i at = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i bit = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)(qh >> (8 * k))), at),
-                                         _mm256_set1_epi32(1));
-    return _mm256_slli_epi32(bit, 4);
+/* A legacy block's 32 nibbles as bytes in element order: the low nibbles of qs[0..15], then the high ones. */
+static inline __m256i nibble_bytes(const uint8_t *qs) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
 }
 
-/* The 4-bit values of elements 8k..8k+7 of a legacy block (qs: its 16 nibble bytes). */
-static inline __m256i nibbles(const uint8_t *qs, int k) {
-    const __m256i v = u8x8(qs + 8 * (k % 2));
-    return k < 2 ? _mm256_and_si256(v, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(v, 4);
+/* A Q5_0/Q5_1 block's fifth bits as bytes: 16 in byte i where bit i of qh is set, else 0 (byte i of qh's
+   four copies picked by a shuffle, then each lane's own bit tested by one compare, as llama.cpp does). */
+static inline __m256i fifth_bit_bytes(uint32_t qh) {
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i b = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread),
+                                      _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
 }
+
+/* Elements 8k..8k+7 of 32 signed / unsigned bytes as int32 lanes. */
+#define BYTES_TO_LANES(cvt, v, out)                                                                      \
+    do {                                                                                                 \
+        const __m128i lo_ = _mm256_castsi256_si128(v), hi_ = _mm256_extracti128_si256(v, 1);             \
+        (out)[0] = cvt(lo_); (out)[1] = cvt(_mm_srli_si128(lo_, 8));                                     \
+        (out)[2] = cvt(hi_); (out)[3] = cvt(_mm_srli_si128(hi_, 8));                                     \
+    } while (0)
 
 static inline __attribute__((always_inline)) void rows_times_row(int kind, int N, const float *x, int64_t inner,
                                                                  const uint8_t *row, const float *bias, float *y,
@@ -76,36 +85,37 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
             break;
         case TQ_Q4_0: {                                   /* d * (q - 8) */
             const __m256 vd = _mm256_set1_ps(half(blk));
-            const uint8_t *qs = blk + offsetof(block_q4_0, qs);
-            for (int k = 0; k < 4; k++)
-                w[k] = _mm256_mul_ps(vd, f32(_mm256_sub_epi32(nibbles(qs, k), _mm256_set1_epi32(8))));
+            __m256i q[4];
+            BYTES_TO_LANES(_mm256_cvtepi8_epi32,
+                           _mm256_sub_epi8(nibble_bytes(blk + offsetof(block_q4_0, qs)), _mm256_set1_epi8(8)), q);
+            for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(vd, f32(q[k]));
             FMA_ROWS(w, b * 32);
             break;
         }
         case TQ_Q4_1: {                                   /* (d * q) + m */
             const __m256 vd = _mm256_set1_ps(half(blk)), vm = _mm256_set1_ps(half(blk + 2));
-            const uint8_t *qs = blk + offsetof(block_q4_1, qs);
-            for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(vd, f32(nibbles(qs, k)), vm);   /* d * q exact */
+            __m256i q[4];
+            BYTES_TO_LANES(_mm256_cvtepu8_epi32, nibble_bytes(blk + offsetof(block_q4_1, qs)), q);
+            for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(vd, f32(q[k]), vm);   /* d * q exact */
             FMA_ROWS(w, b * 32);
             break;
         }
         case TQ_Q5_0: {                                   /* d * (q - 16) */
             const __m256 vd = _mm256_set1_ps(half(blk));
-            const uint32_t qh = tq_u32(blk + offsetof(block_q5_0, qh));
-            const uint8_t *qs = blk + offsetof(block_q5_0, qs);
-            for (int k = 0; k < 4; k++) {
-                const __m256i q = _mm256_or_si256(nibbles(qs, k), fifth_bits(qh, k));
-                w[k] = _mm256_mul_ps(vd, f32(_mm256_sub_epi32(q, _mm256_set1_epi32(16))));
-            }
+            const __m256i q5 = _mm256_or_si256(nibble_bytes(blk + offsetof(block_q5_0, qs)),
+                                               fifth_bit_bytes(tq_u32(blk + offsetof(block_q5_0, qh))));
+            __m256i q[4];
+            BYTES_TO_LANES(_mm256_cvtepi8_epi32, _mm256_sub_epi8(q5, _mm256_set1_epi8(16)), q);
+            for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(vd, f32(q[k]));
             FMA_ROWS(w, b * 32);
             break;
         }
         case TQ_Q5_1: {                                   /* (d * q) + m */
             const __m256 vd = _mm256_set1_ps(half(blk)), vm = _mm256_set1_ps(half(blk + 2));
-            const uint32_t qh = tq_u32(blk + offsetof(block_q5_1, qh));
-            const uint8_t *qs = blk + offsetof(block_q5_1, qs);
-            for (int k = 0; k < 4; k++)
-                w[k] = _mm256_fmadd_ps(vd, f32(_mm256_or_si256(nibbles(qs, k), fifth_bits(qh, k))), vm);
+            __m256i q[4];
+            BYTES_TO_LANES(_mm256_cvtepu8_epi32, _mm256_or_si256(nibble_bytes(blk + offsetof(block_q5_1, qs)),
+                                                                 fifth_bit_bytes(tq_u32(blk + offsetof(block_q5_1, qh)))), q);
+            for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(vd, f32(q[k]), vm);
             FMA_ROWS(w, b * 32);
             break;
         }
