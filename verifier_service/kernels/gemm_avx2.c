@@ -33,6 +33,12 @@ static inline __m256 f32(__m256i v) { return _mm256_cvtepi32_ps(v); }
         for (int k = 0; k < 4; k++) acc[r][k] = _mm256_fmadd_ps((w)[k], _mm256_loadu_ps(xr + 8 * k), acc[r][k]); \
     }
 
+/* The 4-bit values of elements 8k..8k+7 of a legacy block (qs: its 16 nibble bytes). */
+static inline __m256i nibbles(const uint8_t *qs, int k) {
+    const __m256i v = u8x8(qs + 8 * (k % 2));
+    return k < 2 ? _mm256_and_si256(v, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(v, 4);
+}
+
 /* A legacy block's 32 nibbles as bytes in element order: the low nibbles of qs[0..15], then the high ones. */
 static inline __m256i nibble_bytes(const uint8_t *qs) {
     const __m128i v = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0F);
@@ -85,18 +91,16 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
             break;
         case TQ_Q4_0: {                                   /* d * (q - 8) */
             const __m256 vd = _mm256_set1_ps(half(blk));
-            __m256i q[4];
-            BYTES_TO_LANES(_mm256_cvtepi8_epi32,
-                           _mm256_sub_epi8(nibble_bytes(blk + offsetof(block_q4_0, qs)), _mm256_set1_epi8(8)), q);
-            for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(vd, f32(q[k]));
+            const uint8_t *qs = blk + offsetof(block_q4_0, qs);
+            for (int k = 0; k < 4; k++)
+                w[k] = _mm256_mul_ps(vd, f32(_mm256_sub_epi32(nibbles(qs, k), _mm256_set1_epi32(8))));
             FMA_ROWS(w, b * 32);
             break;
         }
         case TQ_Q4_1: {                                   /* (d * q) + m */
             const __m256 vd = _mm256_set1_ps(half(blk)), vm = _mm256_set1_ps(half(blk + 2));
-            __m256i q[4];
-            BYTES_TO_LANES(_mm256_cvtepu8_epi32, nibble_bytes(blk + offsetof(block_q4_1, qs)), q);
-            for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(vd, f32(q[k]), vm);   /* d * q exact */
+            const uint8_t *qs = blk + offsetof(block_q4_1, qs);
+            for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(vd, f32(nibbles(qs, k)), vm);   /* d * q exact */
             FMA_ROWS(w, b * 32);
             break;
         }
