@@ -334,7 +334,8 @@ class Gateway:
                           lookup=self._lookup_rule(drafter, copying),
                           local_lookup=self.config.local_lookup,
                           draft_ahead=self.config.draft_ahead and not self.config.drafter_shares_cpus,
-                          plain_ahead=self.config.plain_ahead,
+                          plain_ahead=(self.config.plain_ahead if self.config.draft_ahead
+                                       and not self.config.drafter_shares_cpus else 0),
                           drafter_timeout_s=getattr(drafter, "timeout_s", 15.0), cache_salt=params.cache_salt)
         generated: list[int] = []
         detokenizer = IncrementalDetokenizer(self.tokenizer, skip_ids=self._skip_ids)   # new text only, each round
