@@ -322,6 +322,7 @@ class Gateway:
         # Not made current: it lives across this generator's yields. Prefill and rounds get it as parent.
         span = tracing.start_request_span(params, self.target.model_name, k if drafter is not None else 0,
                                             stats.draft_model)
+        ahead = self.config.draft_ahead and not self.config.drafter_shares_cpus   # drafting ahead (DraftAhead)
         request = Request(session_id=uuid.uuid4().hex, verifier_token=secrets.token_hex(16),
                           drafter_token=secrets.token_hex(16), vocab_size=self.target.vocab_size,
                           prompt_ids=tuple(prompt_ids),
@@ -333,9 +334,7 @@ class Gateway:
                           max_context=self.drafting_context(), trace_context=telemetry.context_with(span),
                           lookup=self._lookup_rule(drafter, copying),
                           local_lookup=self.config.local_lookup,
-                          draft_ahead=self.config.draft_ahead and not self.config.drafter_shares_cpus,
-                          plain_ahead=(self.config.plain_ahead if self.config.draft_ahead
-                                       and not self.config.drafter_shares_cpus else 0),
+                          draft_ahead=ahead, plain_ahead=self.config.plain_ahead if ahead else 0,
                           drafter_timeout_s=getattr(drafter, "timeout_s", 15.0), cache_salt=params.cache_salt)
         generated: list[int] = []
         detokenizer = IncrementalDetokenizer(self.tokenizer, skip_ids=self._skip_ids)   # new text only, each round

