@@ -8,6 +8,12 @@ order rotated by i, ``--concurrency-requests`` requests one after another). Figu
 system): aggregate tokens/s = all new tokens / the time from the first send to the last reply; per
 request TTFT and time per output token after the first (p50, p95 over requests); inter-token latency
 (each chunk's gap spread over its tokens, ``tandem.bench.http_stream``) p50 and p95 over all tokens.
+
+With all N in flight: the same throughput and inter-token latency over the window in which every client
+has a request open (from the last client's first send to the first client's last reply), the tokens that
+arrived inside it. The whole-run figure also counts the start, when prompts arrive together, and the end,
+when clients whose requests ran shorter have stopped and fewer sessions share each forward: a level of N
+clients then runs part of its time with fewer. The window is what N sessions at once get.
 """
 
 from __future__ import annotations
@@ -61,6 +67,34 @@ def run_level(send, sequences: list[list], level: int, system: str) -> list[dict
     return samples
 
 
+def all_in_flight(samples: list[dict]) -> tuple[float, float] | None:
+    """The window (s from the level's start) in which every client has a request open: from the last
+    client's first send to the first client's last reply; None where it is empty."""
+    clients: dict = {}
+    for s in samples:
+        first, last = clients.get(s.get("client", 0), (float("inf"), float("-inf")))
+        clients[s.get("client", 0)] = (min(first, s["start_s"]), max(last, s["end_s"]))
+    if not clients:
+        return None
+    a, b = max(f for f, _ in clients.values()), min(e for _, e in clients.values())
+    return (a, b) if b > a else None
+
+
+def _tokens_in(samples: list[dict], window: tuple[float, float]) -> tuple[int, list[float]]:
+    """Tokens whose chunk arrived inside ``window`` and their inter-token latencies (the chunk's gap spread
+    over its tokens; a request's first chunk has no gap and adds its tokens only)."""
+    a, b = window
+    tokens, itl = 0, []
+    for s in samples:
+        times, counts = s.get("chunk_ms") or [], s.get("chunk_tokens") or []
+        for i, (t, n) in enumerate(zip(times, counts)):
+            if a <= s["start_s"] + t / 1e3 <= b:
+                tokens += n
+                if i:
+                    itl.extend([(t - times[i - 1]) / n] * n)
+    return tokens, itl
+
+
 def level_figures(samples: list[dict]) -> dict:
     ok = [s for s in samples if "error" not in s]
     out: dict = {"requests": len(samples), "errors": len(samples) - len(ok)}
@@ -80,6 +114,11 @@ def level_figures(samples: list[dict]) -> dict:
                itl_p50_ms=percentile(itl, 50), itl_p95_ms=percentile(itl, 95),
                tpot_p50_ms=percentile(tpot, 50), tpot_p95_ms=percentile(tpot, 95),
                ttft_p50_ms=percentile(ttft, 50), ttft_p95_ms=percentile(ttft, 95))
+    window = all_in_flight(ok)
+    if window is not None:
+        inside, inside_itl = _tokens_in(ok, window)
+        out.update(steady_s=window[1] - window[0], steady_tps=inside / (window[1] - window[0]),
+                   steady_itl_p50_ms=percentile(inside_itl, 50), steady_itl_p95_ms=percentile(inside_itl, 95))
     return out
 
 
@@ -163,6 +202,12 @@ def analyze_concurrency(results: dict) -> dict:
             if system in row:
                 row[system]["vs_llama_server"] = F.ratio(row[system].get("aggregate_tps"), base)
         out[str(level)] = row
+    one = out.get("1") or {}
+    for row in out.values():                    # each system against its own single client
+        for system, f in row.items():
+            alone = one.get(system) or {}
+            f["vs_one_client"] = F.ratio(f.get("aggregate_tps"), alone.get("aggregate_tps"))
+            f["steady_vs_one_client"] = F.ratio(f.get("steady_tps"), alone.get("steady_tps"))
     return {"levels": out, "outputs": same_outputs(samples)}
 
 
@@ -201,14 +246,22 @@ def markdown_concurrency(results: dict) -> str:
     for level, row in results["analysis"]["levels"].items():
         for system, f in row.items():
             rows.append([level, system, f"{f['requests']}" + (f" ({f['errors']} failed)" if f["errors"] else ""),
-                         _f(f.get("aggregate_tps")), _f(f.get("vs_llama_server"), "{:.2f}x"),
+                         _f(f.get("aggregate_tps")), _f(f.get("vs_one_client"), "{:.2f}x"),
+                         _f(f.get("vs_llama_server"), "{:.2f}x"),
+                         _f(f.get("steady_tps")), _f(f.get("steady_vs_one_client"), "{:.2f}x"),
+                         _f(f.get("steady_itl_p95_ms"), "{:.1f}"),
                          _f(f.get("itl_p50_ms"), "{:.1f}"), _f(f.get("itl_p95_ms"), "{:.1f}"),
                          _f(f.get("tpot_p50_ms"), "{:.1f}"), _f(f.get("tpot_p95_ms"), "{:.1f}"),
                          _f(f.get("ttft_p50_ms"), "{:.0f}"), _f(f.get("ttft_p95_ms"), "{:.0f}"), cpu])
-    L += table(["clients", "system", "requests", "aggregate tok/s", "vs llama-server", "ITL p50 ms", "ITL p95 ms",
+    L += table(["clients", "system", "requests", "aggregate tok/s", "vs 1 client", "vs llama-server",
+                "all in flight tok/s", "vs 1 client", "all in flight ITL p95 ms", "ITL p50 ms", "ITL p95 ms",
                 "TPOT p50 ms", "TPOT p95 ms", "TTFT p50 ms", "TTFT p95 ms", "CPU"], rows)
     L.append("")
-    L.append("ITL: inter-token latency, each streamed chunk's gap spread over its tokens, over all tokens of the level; "
+    L.append("aggregate: all new tokens / the time from the first send to the last reply; all in flight: the tokens "
+             "that arrived while every client had a request open / that window (the start, and the end when clients "
+             "whose requests ran shorter have stopped, left out); vs 1 client: the same system's figure at 1 client. "
+             "ITL: inter-token latency, each streamed chunk's gap spread over its tokens, over all tokens of the level "
+             "(all in flight: those of the window); "
              "TPOT: a request's time per output token after the first; llama-server runs with `--parallel N` "
              "(continuous batching on, its default).")
     same = results["analysis"].get("outputs")

@@ -283,6 +283,38 @@ def test_concurrency_runs_clients_at_once_and_reports_percentiles():
     assert "--parallel 4" in md and "Test CPU" in md
 
 
+def test_concurrency_counts_the_window_with_every_client_in_flight():
+    """The figure at N sessions: tokens that arrived while every client had a request open, over that window.
+    Client 1 starts late and client 0 stops early here: the start and the tail are left out, tokens outside
+    are not counted, and each system is set against its own single client."""
+    from tandem.bench import concurrency as C
+
+    def sample(client, start, end, arrivals, mode=C.PLAIN, level=2):
+        ms = [(t - start) * 1e3 for t in arrivals]
+        return {"mode": mode, "level": level, "client": client, "start_s": start, "end_s": end, "new_tokens": 2 * len(ms),
+                "chunk_ms": ms, "chunk_tokens": [2] * len(ms), "ttft_ms": ms[0], "wall_ms": (end - start) * 1e3}
+
+    two = [sample(0, 0.0, 1.0, [0.2, 0.4, 0.6, 0.8, 1.0]), sample(1, 0.5, 2.0, [0.6, 1.0, 1.5, 2.0]),
+           sample(0, 1.0, 1.6, [1.2, 1.4, 1.55])]
+    assert C.all_in_flight(two) == (0.5, 1.6)                # client 1's first send .. client 0's last reply
+    f = C.level_figures(two)
+    inside = [0.6, 0.8, 1.0, 0.6, 1.0, 1.5, 1.2, 1.4, 1.55]  # arrivals in [0.5, 1.6]: 9 chunks of 2 tokens
+    assert f["steady_s"] == pytest.approx(1.1) and f["steady_tps"] == pytest.approx(2 * len(inside) / 1.1)
+    assert f["aggregate_tps"] == pytest.approx(24 / 2.0)
+    # gaps inside: 0.2 s thrice (client 0's first request), 0.4 and 0.5 (client 1), 0.2 and 0.15 (client 0's
+    # second request), each spread over its chunk's 2 tokens; a request's first chunk has no gap
+    assert f["steady_itl_p95_ms"] == pytest.approx(C.percentile([100.0] * 8 + [75.0] * 2 + [200.0] * 2 + [250.0] * 2, 95))
+    assert C.all_in_flight([sample(0, 0.0, 1.0, [1.0]), sample(1, 1.0, 2.0, [2.0])]) is None   # never both
+    alone = [sample(0, 0.0, 1.0, [0.5, 1.0], level=1)]
+    a = C.analyze_concurrency({"samples": two + alone, "levels": [1, 2]})
+    assert a["levels"]["2"][C.PLAIN]["steady_vs_one_client"] == pytest.approx(f["steady_tps"] / 4.0)
+    assert a["levels"]["2"][C.PLAIN]["vs_one_client"] == pytest.approx(12.0 / 4.0)
+    results = {"samples": two + alone, "levels": [1, 2], "analysis": a, "environment": {"cpu": "Test CPU"},
+               "requests_per_client": 2, "threads": 1, "tandem": {"command": "tandem up"}}
+    md = C.markdown_concurrency(results)
+    assert "all in flight tok/s" in md and f"{f['steady_tps']:.2f}" in md
+
+
 def test_concurrency_report_checks_every_output_against_plain_at_the_fewest_clients():
     """A batched session's greedy text must be the one it gets alone: the report counts the requests checked
     and names any that differ (here auto at 4 clients on question 2)."""
