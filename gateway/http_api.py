@@ -7,8 +7,8 @@ the app, its routes, and the endpoints that do not generate.
     await handle.stop()
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (``gateway.http_completions``; both with
-``stream: true`` as server-sent events ending in ``data: [DONE]``), GET /v1/models, GET /health (200 when
-the verifier answers, else 503), and the chat page at / (static files in gateway/static/). One model is
+``stream: true`` as server-sent events ending in ``data: [DONE]``), GET /v1/models and /v1/models/{id},
+GET /health (200 when the verifier answers, else 503), and the chat page at / (static files in gateway/static/). One model is
 served: a request may name it by any name (the served name, "tandem", or another: as llama-server, the
 field is not checked).
 
@@ -55,16 +55,32 @@ class HttpApi:
         self.gateway, self.token, self.model_name = gateway, token or None, model_name or gateway.target.model_name
         self.created = int(time.time())
 
+    def _model(self) -> dict:
+        target = self.gateway.target
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "tandem",
+                "tandem": {"target_model": target.model_name, "draft_model": self.gateway.drafter_name,
+                           "max_context": target.max_context, "auth": bool(self.token)}}
+
     async def models(self, request: Request) -> Response:
         try:
             require_token(request, self.token)
         except ApiError as err:
             return error_response(err)
-        target = self.gateway.target
-        return JSONResponse({"object": "list", "data": [{
-            "id": self.model_name, "object": "model", "created": self.created, "owned_by": "tandem",
-            "tandem": {"target_model": target.model_name, "draft_model": self.gateway.drafter_name,
-                       "max_context": target.max_context, "auth": bool(self.token)}}]})
+        return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        """GET /v1/models/{id} (the OpenAI clients' ``models.retrieve``): the served model under its served
+        name, the target's own name, "tandem" or "default"; another id is a 404 that names the served one."""
+        try:
+            require_token(request, self.token)
+            wanted = request.path_params["model_id"]
+            if wanted not in (self.model_name, self.gateway.target.model_name, "tandem", "default"):
+                raise ApiError(404, f"the model {wanted!r} does not exist here: this server serves one model, "
+                                    f"{self.model_name!r} (completions accept it under any name)",
+                               param="model", code="model_not_found")
+        except ApiError as err:
+            return error_response(err)
+        return JSONResponse(self._model())
 
     async def health(self, request: Request) -> Response:
         ok, detail = await verifier_reachable(self.gateway)
@@ -111,6 +127,7 @@ def build_app(gateway: Gateway, *, token: str | None, model_name: str, allowed_h
         Route("/v1/chat/completions", completions.chat_completions, methods=["POST"]),
         Route("/v1/completions", completions.completions, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/", api.index, methods=["GET"]),
         Route("/favicon.ico", api.favicon, methods=["GET"]),

@@ -185,6 +185,33 @@ def _common(body: dict, parsed: Parsed) -> None:
         parsed.ignore_eos = parsed.ignore_eos or _bool(ext, "ignore_eos")
 
 
+def _unpaired_surrogate(value, path: str = "") -> tuple[str, int] | None:
+    """The first string in a parsed JSON body that is not Unicode text: (its path, the index of its unpaired
+    UTF-16 surrogate, which JSON's \\ud800 escapes allow and no UTF-8 encoder or tokenizer takes), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return path, exc.start
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _unpaired_surrogate(item, f"{path}.{key}" if isinstance(key, str) and path else
+                                    key if isinstance(key, str) else f"{path}[{key}]")
+        if found is not None:
+            return found
+    return None
+
+
+def _check_text(body: dict) -> None:
+    """Every string of the body is Unicode text (a lone surrogate would otherwise fail in the tokenizer)."""
+    found = _unpaired_surrogate(body)
+    if found is not None:
+        path, at = found
+        raise bad(f"{path}: an unpaired UTF-16 surrogate at character {at} is not Unicode text; send each "
+                  "character outside the Basic Multilingual Plane as a surrogate pair (or as UTF-8)", path)
+
+
 def _stop(value) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -218,6 +245,7 @@ def parse_chat(body) -> Parsed:
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object", None, "invalid_json")
     _check_keys(body, CHAT_KEYS)
+    _check_text(body)
     for key in ("tools", "tool_choice"):
         if body.get(key) not in (None, [], "none"):
             raise bad(f"'{key}' is not supported by this server", key, "unsupported_value")
@@ -251,6 +279,7 @@ def parse_completion(body) -> Parsed:
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object", None, "invalid_json")
     _check_keys(body, COMPLETION_KEYS)
+    _check_text(body)
     parsed = Parsed(chat=False)
     _common(body, parsed)
     prompt = body.get("prompt")

@@ -129,6 +129,11 @@ def assert_error(r, status, param=None, code=None):
 def test_models_and_health(hs, client):
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]
+    for name in (MODEL, "tandem", "default", hs.gateway.target.model_name):    # models.retrieve
+        assert client.models.retrieve(name).id == MODEL
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4o")
+    assert err.value.body["code"] == "model_not_found" and MODEL in err.value.body["message"]
     r = httpx.get(f"{hs.url}/health")
     assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["drafter"] == "up"
 
@@ -347,6 +352,14 @@ def test_bad_completion_requests_and_client_errors(hs, client):
                             timeout=30), 400)                                 # the verifier's INVALID_ARGUMENT
     assert_error(httpx.post(f"{hs.url}/v1/completions", content=b"{not json", timeout=30), 400,
                  code="invalid_json")
+    # JSON's \ud800 escape decodes to a lone surrogate, which no tokenizer takes: a 400 naming the field
+    lone = b'{"model": "m", "max_tokens": 3, "prompt": "w1 \\ud800"}'
+    assert "unpaired UTF-16 surrogate" in assert_error(httpx.post(f"{hs.url}/v1/completions", content=lone, timeout=30),
+                                                        400, "prompt")["message"]
+    lone = b'{"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "w1"}], "stop": ["\\udfff"]}'
+    assert_error(httpx.post(f"{hs.url}/v1/chat/completions", content=lone, timeout=30), 400, "stop[0]")
+    pair = b'{"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "w1 \\ud83d\\ude00"}]}'
+    assert httpx.post(f"{hs.url}/v1/chat/completions", content=pair, timeout=30).status_code == 200
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w1"}], n=2)
     assert err.value.status_code == 400
