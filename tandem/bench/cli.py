@@ -99,6 +99,8 @@ def configure(p) -> None:
     flag(g, "concurrency", "", help="N clients at once, e.g. 1,2,4,8: aggregate tok/s and p50/p95 inter-token "
          "latency, Tandem plain and auto over HTTP beside llama-server --parallel N (tandem.bench.concurrency)")
     flag(g, "concurrency-requests", 2, int, help="--concurrency: requests each client sends, one after another")
+    flag(g, "concurrency-rounds", 1, int, help="--concurrency: run the levels this many times over, interleaved "
+         "(1,4,8,1,4,8,...): tok/s are medians, each ratio to 1 client pairs a round with its own 1-client run")
     flag(g, "llama-bin-dir", None, help="folder with llama.cpp's llama-bench and llama-server (default: "
          "~/.cache/tandem/llama.cpp/<version>/bin, then PATH; build them with "
          "`python -m tandem.bench.llama_tools build`)")
@@ -311,6 +313,8 @@ def run_sitting(args) -> int:
     args.concurrency_levels = _ints(args.concurrency, "--concurrency") if args.concurrency else []
     if name == "concurrency" and (not args.concurrency_levels or min(args.concurrency_levels) < 1):
         raise ValueError("--concurrency takes client counts >= 1, e.g. 1,2,4,8")
+    if args.concurrency_rounds < 1:
+        raise ValueError("--concurrency-rounds must be >= 1")
     if args.concurrency_requests < 1:
         raise ValueError("--concurrency-requests must be >= 1")
     started = _dt.datetime.now().astimezone()

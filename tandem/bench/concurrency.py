@@ -9,6 +9,11 @@ system): aggregate tokens/s = all new tokens / the time from the first send to t
 request TTFT and time per output token after the first (p50, p95 over requests); inter-token latency
 (each chunk's gap spread over its tokens, ``tandem.bench.http_stream``) p50 and p95 over all tokens.
 
+``--concurrency-rounds R`` runs the levels R times over (1, 4, 8, 1, 4, 8, ...): throughputs are the
+median of the rounds, and each ratio to one client pairs a round with that round's own 1-client run (on a
+shared host the speed of the same code moves by up to 2x within minutes; a ratio across two moments says
+more about the host than about batching).
+
 With all N in flight: the same throughput and inter-token latency over the window in which every client
 has a request open (from the last client's first send to the first client's last reply), the tokens that
 arrived inside it. The whole-run figure also counts the start, when prompts arrive together, and the end,
@@ -95,13 +100,42 @@ def _tokens_in(samples: list[dict], window: tuple[float, float]) -> tuple[int, l
     return tokens, itl
 
 
+def _throughput(ok: list[dict]) -> dict:
+    """One run of a level (one round): tokens, wall_s, aggregate_tps, and over the all-in-flight window
+    steady_s, steady_tps and that window's inter-token latencies (``_itl``)."""
+    span = max(s["end_s"] for s in ok) - min(s["start_s"] for s in ok)
+    tokens = sum(s.get("new_tokens") or 0 for s in ok)
+    out = {"tokens": tokens, "wall_s": span, "aggregate_tps": tokens / span if span > 0 else None, "_itl": []}
+    window = all_in_flight(ok)
+    if window is not None:
+        inside, out["_itl"] = _tokens_in(ok, window)
+        out.update(steady_s=window[1] - window[0], steady_tps=inside / (window[1] - window[0]))
+    return out
+
+
+def _median(xs: list) -> float | None:
+    xs = sorted(x for x in xs if x is not None)
+    return None if not xs else (xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2)
+
+
 def level_figures(samples: list[dict]) -> dict:
+    """A level's figures for one system. Over several rounds (``round`` in the samples: the level run again
+    later in the sitting) the throughputs are the median of the rounds' (each round's in ``per_round``);
+    latency percentiles pool every request."""
     ok = [s for s in samples if "error" not in s]
     out: dict = {"requests": len(samples), "errors": len(samples) - len(ok)}
     if not ok:
         return out
-    span = max(s["end_s"] for s in ok) - min(s["start_s"] for s in ok)
-    tokens = sum(s.get("new_tokens") or 0 for s in ok)
+    rounds = sorted({s.get("round", 0) for s in ok})
+    per = {r: _throughput([s for s in ok if s.get("round", 0) == r]) for r in rounds}
+    for key in ("tokens", "wall_s", "aggregate_tps", "steady_s", "steady_tps"):
+        value = _median([f.get(key) for f in per.values()])
+        if value is not None:
+            out[key] = value
+    if len(rounds) > 1:
+        out["per_round"] = {str(r): {"aggregate_tps": f["aggregate_tps"], "steady_tps": f.get("steady_tps")}
+                            for r, f in per.items()}
+    inside_itl = [x for f in per.values() for x in f["_itl"]]
     itl: list[float] = []
     tpot: list[float] = []
     for s in ok:
@@ -110,15 +144,11 @@ def level_figures(samples: list[dict]) -> dict:
         if f["decode_tps"]:
             tpot.append(1e3 / f["decode_tps"])
     ttft = [s["ttft_ms"] for s in ok if s.get("ttft_ms") is not None]
-    out.update(tokens=tokens, wall_s=span, aggregate_tps=tokens / span if span > 0 else None,
-               itl_p50_ms=percentile(itl, 50), itl_p95_ms=percentile(itl, 95),
+    out.update(itl_p50_ms=percentile(itl, 50), itl_p95_ms=percentile(itl, 95),
                tpot_p50_ms=percentile(tpot, 50), tpot_p95_ms=percentile(tpot, 95),
                ttft_p50_ms=percentile(ttft, 50), ttft_p95_ms=percentile(ttft, 95))
-    window = all_in_flight(ok)
-    if window is not None:
-        inside, inside_itl = _tokens_in(ok, window)
-        out.update(steady_s=window[1] - window[0], steady_tps=inside / (window[1] - window[0]),
-                   steady_itl_p50_ms=percentile(inside_itl, 50), steady_itl_p95_ms=percentile(inside_itl, 95))
+    if "steady_tps" in out:
+        out.update(steady_itl_p50_ms=percentile(inside_itl, 50), steady_itl_p95_ms=percentile(inside_itl, 95))
     return out
 
 
@@ -157,15 +187,18 @@ def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print
 
     samples: list[dict] = []
     results["llama_server"] = {}
+    rounds = max(1, int(getattr(args, "concurrency_rounds", 1) or 1))
+    results["rounds"] = rounds
     try:
-        for level in levels:
+        for rnd, level in ((r, lvl) for r in range(rounds) for lvl in levels):
             seqs = client_sequences(run_order, level, per_client)
             systems = [(PLAIN, sender(tandem_url, {"no_speculation": True}, token, salted=True)),
                        (AUTO, sender(tandem_url, None, token, salted=True))]
             server = None
             if tools is not None and gguf is not None:
                 server = LlamaServer(tools.server, gguf, threads, parallel=level, cpus=cpus,
-                                     log_path=out_dir / f"llama-server-np{level}.log").__enter__()
+                                     log_path=out_dir / (f"llama-server-np{level}" + (f"-round{rnd + 1}" if rounds > 1 else "")
+                                                        + ".log")).__enter__()
                 results["llama_server"][str(level)] = {"command": server.command, "startup_s": server.startup_s}
                 systems.insert(0, (LLAMA, sender(server.url, REQUEST_EXTRA)))
             try:
@@ -173,8 +206,9 @@ def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print
                     w = send(run_order[0], settings.max_tokens)
                     if "error" in w:
                         raise RuntimeError(f"warm-up request to {name} failed: {w['error']}")
-                    log(f"[concurrency] {level} client(s) x {per_client} requests: {name}")
-                    samples += run_level(send, seqs, level, name)
+                    log(f"[concurrency] {level} client(s) x {per_client} requests: {name}"
+                        + (f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""))
+                    samples += [dict(s, round=rnd) for s in run_level(send, seqs, level, name)]
             finally:
                 if server is not None:
                     server.stop()
@@ -206,8 +240,12 @@ def analyze_concurrency(results: dict) -> dict:
     for row in out.values():                    # each system against its own single client
         for system, f in row.items():
             alone = one.get(system) or {}
-            f["vs_one_client"] = F.ratio(f.get("aggregate_tps"), alone.get("aggregate_tps"))
-            f["steady_vs_one_client"] = F.ratio(f.get("steady_tps"), alone.get("steady_tps"))
+            for key, ratio in (("aggregate_tps", "vs_one_client"), ("steady_tps", "steady_vs_one_client")):
+                mine, theirs = f.get("per_round"), alone.get("per_round")
+                if mine and theirs:             # each round against its own 1-client run: the host moves
+                    f[ratio] = _median([F.ratio(mine[r][key], theirs[r][key]) for r in mine if r in theirs])
+                else:
+                    f[ratio] = F.ratio(f.get(key), alone.get(key))
     return {"levels": out, "outputs": same_outputs(samples)}
 
 
@@ -231,9 +269,12 @@ def markdown_concurrency(results: dict) -> str:
 
     cpu = results["environment"].get("cpu_label") or results["environment"].get("cpu", "?")
     L = [f"# Concurrency: {results.get('threads')} thread(s), levels {', '.join(map(str, results['levels']))}", ""]
+    rounds = results.get("rounds", 1)
     L.append(f"Run {results.get('started_at', '?')} – {results.get('finished_at', '?')}; CPU **{cpu}**. Each client "
              f"sends {results['requests_per_client']} requests one after another, all clients at once; the same "
-             "streamed OpenAI requests to every system.")
+             "streamed OpenAI requests to every system."
+             + (f" The levels ran {rounds} times over, interleaved: tok/s are medians of the rounds, and each ratio to "
+                "1 client the median of the rounds' own ratios." if rounds > 1 else ""))
     L.append("")
     L.append("```")
     L.append(results["tandem"]["command"])
@@ -264,6 +305,19 @@ def markdown_concurrency(results: dict) -> str:
              "(all in flight: those of the window); "
              "TPOT: a request's time per output token after the first; llama-server runs with `--parallel N` "
              "(continuous batching on, its default).")
+    if rounds > 1:
+        per = []
+        for level, row in results["analysis"]["levels"].items():
+            for system, f in row.items():
+                rs = f.get("per_round") or {}
+                alone = (results["analysis"]["levels"].get("1") or {}).get(system, {}).get("per_round") or {}
+                per.append([level, system, ", ".join(_f(rs[r]["aggregate_tps"], "{:.0f}") for r in sorted(rs, key=int)),
+                            ", ".join(_f(F.ratio(rs[r]["aggregate_tps"], alone[r]["aggregate_tps"]), "{:.2f}x")
+                                      for r in sorted(rs, key=int) if r in alone), cpu])
+        L.append("")
+        L.append("Per round (in the order run):")
+        L.append("")
+        L += table(["clients", "system", "aggregate tok/s", "vs that round's 1 client", "CPU"], per)
     same = results["analysis"].get("outputs")
     if same and same["requests"]:
         L.append("")

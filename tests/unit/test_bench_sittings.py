@@ -315,6 +315,32 @@ def test_concurrency_counts_the_window_with_every_client_in_flight():
     assert "all in flight tok/s" in md and f"{f['steady_tps']:.2f}" in md
 
 
+def test_concurrency_rounds_pair_each_level_with_its_own_round():
+    """Run again later in the sitting, a level's tok/s is the median of its rounds, and its ratio to one client
+    the median of each round's own ratio: here the host ran twice as fast in round 1, which a ratio of the
+    medians would mix into the batching figure."""
+    from tandem.bench import concurrency as C
+
+    def run(level, rnd, tokens_per_s):
+        # `level` clients, each one request of 10 tokens over 1 s / speed: all in flight throughout
+        speed = tokens_per_s / (10 * level)
+        return [{"mode": C.PLAIN, "level": level, "client": c, "round": rnd, "start_s": 0.0, "end_s": 1.0 / speed,
+                 "new_tokens": 10, "chunk_ms": [i * 100.0 / speed for i in range(1, 11)], "chunk_tokens": [1] * 10,
+                 "ttft_ms": 100.0 / speed, "wall_ms": 1e3 / speed} for c in range(level)]
+
+    samples = run(1, 0, 100.0) + run(4, 0, 250.0) + run(1, 1, 200.0) + run(4, 1, 500.0) + run(1, 2, 100.0) + run(4, 2, 240.0)
+    a = C.analyze_concurrency({"samples": samples, "levels": [1, 4]})
+    four = a["levels"]["4"][C.PLAIN]
+    assert four["aggregate_tps"] == pytest.approx(250.0)                   # the median of 250, 500, 240
+    assert four["vs_one_client"] == pytest.approx(2.5)                     # of 2.5, 2.5, 2.4
+    assert four["steady_vs_one_client"] == pytest.approx(2.5)
+    assert [round(f["aggregate_tps"]) for f in four["per_round"].values()] == [250, 500, 240]
+    results = {"samples": samples, "levels": [1, 4], "analysis": a, "environment": {"cpu": "Test CPU"}, "rounds": 3,
+               "requests_per_client": 1, "threads": 1, "tandem": {"command": "tandem up"}}
+    md = C.markdown_concurrency(results)
+    assert "ran 3 times over" in md and "250, 500, 240" in md and "2.50x, 2.50x, 2.40x" in md
+
+
 def test_concurrency_report_checks_every_output_against_plain_at_the_fewest_clients():
     """A batched session's greedy text must be the one it gets alone: the report counts the requests checked
     and names any that differ (here auto at 4 clients on question 2)."""
@@ -350,6 +376,9 @@ def test_one_sitting_at_a_time_and_flag_checks(tmp_path):
         cli.run(args)
     args = p.parse_args(["--two-machine", "--two-machine-variants", "no-ahead,later", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="--two-machine-variants: unknown later"):
+        cli.run(args)
+    args = p.parse_args(["--concurrency", "1,4", "--concurrency-rounds", "0", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="--concurrency-rounds must be >= 1"):
         cli.run(args)
     assert cli.sitting_of(p.parse_args([])) is None
 
@@ -463,8 +492,9 @@ def test_versus_sitting_with_stand_in_llama_tools(tmp_path, questions_file, tiny
 
 def test_concurrency_sitting_with_a_stand_in_llama_server(tmp_path, questions_file, tiny_target_dir,
                                                            tiny_target_export, stand_in_bin, monkeypatch):
-    """Two levels against tandem up (plain and auto over HTTP) and the stand-in llama-server started with
-    --parallel N per level: every client's every request answered, figures at each level."""
+    """Two levels, twice over, against tandem up (plain and auto over HTTP) and the stand-in llama-server
+    started with --parallel N per level and round: every client's every request answered, figures at each
+    level from both rounds."""
     import json
 
     from tandem.bench import concurrency as C
@@ -472,7 +502,8 @@ def test_concurrency_sitting_with_a_stand_in_llama_server(tmp_path, questions_fi
 
     monkeypatch.setattr(llama_peer, "gguf_path", lambda target: (tmp_path / "model.gguf", ""))
     out = tmp_path / "out"
-    cli, args = _bench_args("--concurrency", "1,2", "--concurrency-requests", "2", "--target", str(tiny_target_dir),
+    cli, args = _bench_args("--concurrency", "1,2", "--concurrency-requests", "2", "--concurrency-rounds", "2",
+                            "--target", str(tiny_target_dir),
                             "--drafter", str(tiny_target_export[0]), "--questions", str(questions_file), "--split",
                             "all", "--llama-bin-dir", str(stand_in_bin), "--out", str(out))
     assert cli.run(args) == 0
@@ -481,9 +512,10 @@ def test_concurrency_sitting_with_a_stand_in_llama_server(tmp_path, questions_fi
     for level in ("1", "2"):
         assert set(levels[level]) == {C.LLAMA, C.PLAIN, C.AUTO}
         for f in levels[level].values():
-            assert f["requests"] == 2 * int(level) and f["errors"] == 0 and f["tokens"] > 0
-            assert f["itl_p50_ms"] <= f["itl_p95_ms"]
-    assert levels["2"][C.LLAMA]["tokens"] == 12 * 2 * 2                 # the stand-in always answers 12 tokens
+            assert f["requests"] == 2 * 2 * int(level) and f["errors"] == 0 and f["tokens"] > 0
+            assert f["itl_p50_ms"] <= f["itl_p95_ms"] and set(f["per_round"]) == {"0", "1"}
+    assert levels["2"][C.LLAMA]["tokens"] == 12 * 2 * 2                 # a round's: the stand-in answers 12 tokens
+    assert [s["round"] for s in r["samples"] if s["level"] == 1 and s["mode"] == C.PLAIN] == [0, 0, 1, 1]
     cmd = r["llama_server"]["2"]["command"]
     assert cmd[cmd.index("--parallel") + 1] == "2" and cmd[cmd.index("-c") + 1] == str(2 * 4096)
     assert sorted({s["client"] for s in r["samples"] if s["level"] == 2}) == [0, 1]
