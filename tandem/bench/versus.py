@@ -138,7 +138,7 @@ def run_versus(args, prompts, run_order, settings, out_dir: Path, log=print) -> 
                     run_llama_bench(i)
                 for mode in MODES:
                     bar.set_postfix_str(f"r{repeat + 1} q{prompt.question_id} {mode}")
-                    s = req.run(mode, prompt, repeat)
+                    s = dict(req.run(mode, prompt, repeat), step=i)
                     if "error" in s:
                         log(f"[versus] ERROR {mode} q{prompt.question_id}: {s['error']}")
                     samples.append(s)
@@ -155,6 +155,26 @@ def run_versus(args, prompts, run_order, settings, out_dir: Path, log=print) -> 
         cluster.stop()
 
 
+def paired_with_llama_bench(samples: list[dict], bench_runs: list[dict], mode: str) -> list[float]:
+    """Each of ``mode``'s decode figures against the llama-bench runs that bracket its prompt step (the last run
+    before it and the first after it, their mean): ratios of moments minutes apart would carry the host's
+    drift (its speed moves by up to 2x within minutes), these carry only a prompt's neighbourhood. A sample
+    without its ``step`` (results written before it was recorded) pairs by its place in the sitting."""
+    runs = sorted((b["at_step"], b["tokens_per_s"]) for b in bench_runs
+                  if b.get("tokens_per_s") and b.get("at_step") is not None)
+    out = []
+    for index, sample in enumerate(samples):
+        if sample.get("mode") != mode or "error" in sample or not sample.get("decode_tps"):
+            continue
+        step = sample.get("step", index // len(MODES))
+        before = [tps for at, tps in runs if at <= step][-1:]
+        after = [tps for at, tps in runs if at > step][:1]
+        around = before + after
+        if around:
+            out.append(sample["decode_tps"] / (sum(around) / len(around)))
+    return out
+
+
 def analyze_versus(results: dict) -> dict:
     samples = results["samples"]
     bench_ok = [b["tokens_per_s"] for b in results.get("llama_bench") or [] if b.get("tokens_per_s")]
@@ -169,6 +189,9 @@ def analyze_versus(results: dict) -> dict:
             row[f"llama_server_{metric}"] = F.mode_figure(samples, LLAMA_SERVER, metric, qs)
             row["prompts"] = len(qs)
         row["vs_llama_bench"] = F.ratio(row["decode_tps"], bench)
+        paired = paired_with_llama_bench(samples, results.get("llama_bench") or [], m)
+        row["vs_llama_bench_paired"] = statistics.median(paired) if paired else None
+        row["vs_llama_bench_paired_range"] = [min(paired), max(paired)] if paired else None
         row["vs_llama_server_decode"] = F.ratio(row["decode_tps"], row["llama_server_decode_tps"])
         row["vs_llama_server_request"] = F.ratio(row["request_tps"], row["llama_server_request_tps"])
         row["rounds"] = F.round_breakdown(samples, m)
@@ -225,15 +248,21 @@ def markdown_versus(results: dict) -> str:
     L.append("")
     rows = []
     for m, r in a["modes"].items():
+        span = r.get("vs_llama_bench_paired_range")
         rows.append([m, str(r["prompts"]), _f(r["decode_tps"]), _f(r["request_tps"]), _f(r["ttft_ms"], "{:.0f}"),
-                     _f(r["vs_llama_bench"], "{:.2f}x"), _f(r["vs_llama_server_decode"], "{:.2f}x"),
-                     _f(r["vs_llama_server_request"], "{:.2f}x"), cpu])
+                     _f(r["vs_llama_bench"], "{:.2f}x"),
+                     _f(r.get("vs_llama_bench_paired"), "{:.2f}x") + (f" [{span[0]:.2f}–{span[1]:.2f}]" if span else ""),
+                     _f(r["vs_llama_server_decode"], "{:.2f}x"), _f(r["vs_llama_server_request"], "{:.2f}x"), cpu])
     L += table(["mode", "prompts", "decode tok/s", "request tok/s", "TTFT ms", "vs llama-bench decode",
-                "vs llama-server decode", "vs llama-server request", "CPU"], rows)
+                "vs the llama-bench runs around each prompt", "vs llama-server decode", "vs llama-server request",
+                "CPU"], rows)
     L.append("")
     L.append("decode tok/s: tokens after the first / time from the first streamed token to the last; request tok/s: "
              "tokens / the request's wall time (prefill included). Ratios compare the same prompts (mean of "
-             "per-prompt medians over repeats).")
+             "per-prompt medians over repeats). vs the llama-bench runs around each prompt: each request's decode "
+             "against the mean of the llama-bench runs just before and just after its prompt, the median over "
+             "requests [min–max] (`--llama-bench-runs` as many as the prompts, plus one, pairs every prompt "
+             "closely).")
     L.append("")
     t = a.get("targets") or {}
     if t:

@@ -211,6 +211,26 @@ def test_versus_ratios_targets_and_agreement():
     assert V.bench_points(10, 3) == [0, 5, 10] and V.bench_points(10, 1) == [0] and V.bench_points(4, 0) == []
 
 
+def test_versus_pairs_each_prompt_with_the_llama_bench_runs_around_it():
+    """The host doubled its speed after the first prompt: against the median of all llama-bench runs, Tandem's
+    first prompt reads slow; against the runs around each prompt, each reads as what it was."""
+    from tandem.bench import versus as V
+
+    runs = [{"tokens_per_s": 10.0, "at_step": 0}, {"tokens_per_s": 20.0, "at_step": 1}, {"tokens_per_s": 20.0, "at_step": 2},
+            {"error": "x", "at_step": 2}]
+    samples = [{"mode": V.GRPC_PLAIN, "question_id": 1, "step": 0, "decode_tps": 15.0},
+               {"mode": V.GRPC_PLAIN, "question_id": 2, "step": 1, "decode_tps": 22.0},
+               {"mode": V.HTTP_PLAIN, "question_id": 2, "step": 1, "error": "timeout"}]
+    assert V.paired_with_llama_bench(samples, runs, V.GRPC_PLAIN) == pytest.approx([15 / 15, 22 / 20])
+    assert V.paired_with_llama_bench(samples, runs, V.HTTP_PLAIN) == []
+    assert V.paired_with_llama_bench(samples, [], V.GRPC_PLAIN) == []
+    old = [dict(x) for x in samples[:2]]                           # written before the step was recorded
+    for x in old:
+        del x["step"]
+    assert V.paired_with_llama_bench([old[0]] + [{}] * (len(V.MODES) - 1) + [old[1]], runs, V.GRPC_PLAIN) == \
+        pytest.approx([1.0, 1.1])
+
+
 def test_two_machine_hit_rate_and_tokens_by_origin():
     from tandem.bench import two_machine as T
 
