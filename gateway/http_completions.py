@@ -135,6 +135,8 @@ class Completions:
             body = json.loads(raw or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+        except RecursionError as exc:          # arrays or objects nested deeper than the parser's stack
+            raise ApiError(400, "the request body nests arrays or objects too deeply", code="invalid_json") from exc
         parsed = parse_chat(body) if chat else parse_completion(body)
         return parsed, self.params(parsed)
 

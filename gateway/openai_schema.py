@@ -185,21 +185,22 @@ def _common(body: dict, parsed: Parsed) -> None:
         parsed.ignore_eos = parsed.ignore_eos or _bool(ext, "ignore_eos")
 
 
-def _unpaired_surrogate(value, path: str = "") -> tuple[str, int] | None:
+def _unpaired_surrogate(body) -> tuple[str, int] | None:
     """The first string in a parsed JSON body that is not Unicode text: (its path, the index of its unpaired
-    UTF-16 surrogate, which JSON's \\ud800 escapes allow and no UTF-8 encoder or tokenizer takes), or None."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            return path, exc.start
-        return None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        found = _unpaired_surrogate(item, f"{path}.{key}" if isinstance(key, str) and path else
-                                    key if isinstance(key, str) else f"{path}[{key}]")
-        if found is not None:
-            return found
+    UTF-16 surrogate, which JSON's \\ud800 escapes allow and no UTF-8 encoder or tokenizer takes), or None.
+    Walked with a stack of its own, so a deeply nested body costs no recursion."""
+    todo = [("", body)]
+    while todo:
+        path, value = todo.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return path, exc.start
+        elif isinstance(value, (dict, list)):
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            todo.extend(reversed([((f"{path}.{key}" if path else key) if isinstance(key, str) else f"{path}[{key}]", item)
+                                  for key, item in items]))
     return None
 
 

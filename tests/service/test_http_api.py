@@ -360,6 +360,10 @@ def test_bad_completion_requests_and_client_errors(hs, client):
     assert_error(httpx.post(f"{hs.url}/v1/chat/completions", content=lone, timeout=30), 400, "stop[0]")
     pair = b'{"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "w1 \\ud83d\\ude00"}]}'
     assert httpx.post(f"{hs.url}/v1/chat/completions", content=pair, timeout=30).status_code == 200
+    deep = b'{"model": "m", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"   # beyond the JSON parser's stack
+    assert_error(httpx.post(f"{hs.url}/v1/chat/completions", content=deep, timeout=30), 400, code="invalid_json")
+    deep = b'{"model": "m", "messages": ' + b"[" * 900 + b"]" * 900 + b"}"           # within it: walked, refused
+    assert_error(httpx.post(f"{hs.url}/v1/chat/completions", content=deep, timeout=30), 400, "messages[0]")
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w1"}], n=2)
     assert err.value.status_code == 400
