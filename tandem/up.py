@@ -44,6 +44,9 @@ def configure(p):
          "--unseeded-sampling", choices=("coupled", "rejection"))
     flag(p, "lookup-only", help="no drafter node: the gateway speculates only with blocks prompt lookup supplies, "
          "copied from the sequence itself (shows what the drafter node adds)", cast=bool)
+    flag(p, "no-speculation", help="every request decodes with the target alone (the gateway's --no-speculation): "
+         "on one small box serving several clients at once, speculation can cost the shared forward more than it "
+         "saves (README, Several clients at once)", cast=bool)
     flag(p, "no-draft-ahead", help="the gateway asks the drafter for each block when the round needs it instead "
          "of having it draft the next block while the verifier checks this one (a model drafter already drafts "
          "only when asked unless --drafter-cpus and --verifier-cpus are disjoint: on shared cores drafting ahead "
@@ -188,6 +191,7 @@ def start_cluster(args) -> Cluster:
                                   *(["--lookup-only", "--drafter", ""] if lookup_only
                                     else ["--drafter", f"{DEFAULT_HOST}:{drafter}"]),
                                   *(["--no-draft-ahead"] if getattr(args, "no_draft_ahead", False) else []),
+                                  *(["--no-speculation"] if getattr(args, "no_speculation", False) else []),
                                   *(["--drafter-shares-cpus"] if drafter_computes(args.drafter, lookup_only)
                                     and cores_shared(v_cpus, d_cpus) else []),
                                   "--draft-length", str(args.draft_length or "auto"),

@@ -218,6 +218,22 @@ def test_by_default_the_target_runs_in_the_gateway_and_a_killed_gateway_comes_ba
         cluster.close()
 
 
+def test_no_speculation_makes_every_request_plain(tiny_long_target_dir, tiny_long_drafter_onnx, tmp_path):
+    """``tandem up --no-speculation`` (the README's setting for several clients on one small box): a request
+    that asks for nothing, or for a draft length, decodes plain, with plain decoding's tokens."""
+    cluster = Up(tiny_long_target_dir, tiny_long_drafter_onnx, tmp_path, "--no-speculation", separate=False)
+    try:
+        cluster.wait_up()
+        with grpc.insecure_channel(cluster.gateway) as channel:
+            stub = gateway_grpc.GatewayStub(channel)
+            for reply in (stub.Generate(req(max_tokens=64), timeout=60),
+                          stub.Generate(req(max_tokens=64, draft_length=4), timeout=60)):
+                assert not reply.stats.speculative and reply.stats.proposed == 0
+                assert len(reply.token_ids) == 64
+    finally:
+        cluster.close()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_stopping_up_leaves_no_child(sig, tiny_long_target_dir, tiny_long_drafter_onnx, tmp_path):
     """SIGTERM: up stops all three and exits 0. SIGKILL: the kernel tells the children (PR_SET_PDEATHSIG)."""
