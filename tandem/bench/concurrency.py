@@ -23,6 +23,7 @@ clients then runs part of its time with fewer. The window is what N sessions at 
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -114,8 +115,9 @@ def _throughput(ok: list[dict]) -> dict:
 
 
 def _median(xs: list) -> float | None:
-    xs = sorted(x for x in xs if x is not None)
-    return None if not xs else (xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2)
+    """The median of the figures that exist (None: none does)."""
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
 
 def level_figures(samples: list[dict]) -> dict:
