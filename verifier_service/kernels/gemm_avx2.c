@@ -39,21 +39,6 @@ static inline __m256i nibbles(const uint8_t *qs, int k) {
     return k < 2 ? _mm256_and_si256(v, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(v, 4);
 }
 
-/* A legacy block's 32 nibbles as bytes in element order: the low nibbles of qs[0..15], then the high ones. */
-static inline __m256i nibble_bytes(const uint8_t *qs) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
-}
-
-/* A Q5_0/Q5_1 block's fifth bits as bytes: 16 in byte i where bit i of qh is set, else 0 (byte i of qh's
-   four copies picked by a shuffle, then each lane's own bit tested by one compare, as llama.cpp does). */
-static inline __m256i fifth_bit_bytes(uint32_t qh) {
-    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    const __m256i b = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread),
-                                      _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    return _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
-}
-
 /* Elements 8k..8k+7 of 32 signed / unsigned bytes as int32 lanes. */
 #define BYTES_TO_LANES(cvt, v, out)                                                                      \
     do {                                                                                                 \

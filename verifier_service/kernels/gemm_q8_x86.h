@@ -21,22 +21,6 @@
 #define OUTS 8
 #define Q8_PREFETCH_BYTES 384     /* how far ahead in each weight row the kernel below asks for its bytes */
 
-/* 32 bits -> 32 bytes, 0x10 where the bit is set (the fifth bit of Q5_0/Q5_1 weight j is bit j of qh). */
-static inline __m256i q8_fifth_bits(uint32_t qh) {
-    const __m256i shuf = _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202,
-                                            0x0303030303030303);
-    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
-    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    return _mm256_and_si256(_mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
-}
-
-/* 16 bytes of nibbles -> 32 bytes: low nibbles (weights 0-15), then high nibbles (16-31). */
-static inline __m256i q8_nibbles(const uint8_t *qs) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
-    const __m128i m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
-}
-
 static inline int q8_signed(int kind) { return kind == TQ_Q4_0 || kind == TQ_Q5_0 || kind == TQ_Q8_0 || kind == TQ_Q6_K; }
 
 /* Chunk c of the block at blk: its 32 integer weights in weight order, scales s0 (weights 0-15) and s1
@@ -46,21 +30,21 @@ static inline __attribute__((always_inline)) __m256i q8_chunk(int kind, const ui
     switch (kind) {
     case TQ_Q4_0:
         *s0 = *s1 = half(blk);
-        return _mm256_sub_epi8(q8_nibbles(blk + offsetof(block_q4_0, qs)), _mm256_set1_epi8(8));
+        return _mm256_sub_epi8(nibble_bytes(blk + offsetof(block_q4_0, qs)), _mm256_set1_epi8(8));
     case TQ_Q4_1:
         *s0 = *s1 = half(blk);
         *m = half(blk + 2);
-        return q8_nibbles(blk + offsetof(block_q4_1, qs));
+        return nibble_bytes(blk + offsetof(block_q4_1, qs));
     case TQ_Q5_0:
         *s0 = *s1 = half(blk);
-        return _mm256_sub_epi8(_mm256_or_si256(q8_nibbles(blk + offsetof(block_q5_0, qs)),
-                                               q8_fifth_bits(tq_u32(blk + offsetof(block_q5_0, qh)))),
+        return _mm256_sub_epi8(_mm256_or_si256(nibble_bytes(blk + offsetof(block_q5_0, qs)),
+                                               fifth_bit_bytes(tq_u32(blk + offsetof(block_q5_0, qh)))),
                                _mm256_set1_epi8(16));
     case TQ_Q5_1:
         *s0 = *s1 = half(blk);
         *m = half(blk + 2);
-        return _mm256_or_si256(q8_nibbles(blk + offsetof(block_q5_1, qs)),
-                               q8_fifth_bits(tq_u32(blk + offsetof(block_q5_1, qh))));
+        return _mm256_or_si256(nibble_bytes(blk + offsetof(block_q5_1, qs)),
+                               fifth_bit_bytes(tq_u32(blk + offsetof(block_q5_1, qh))));
     case TQ_Q8_0:
         *s0 = *s1 = half(blk);
         return _mm256_loadu_si256((const __m256i *)(blk + offsetof(block_q8_0, qs)));
