@@ -55,7 +55,7 @@ REQUIRED_CPU_FLAGS = {"generic": set(), "avx2": {"avx2", "fma", "f16c"},
 # -fno-tree-loop-distribute-patterns: gcc turned the zeroing of a kernel's accumulator array into a
 # `rep stosq` memset per output row (204 672 calls a forward: +20 % at width 8, measured)
 CFLAGS = ("-O3", "-fno-tree-loop-distribute-patterns", "-ffp-contract=off", "-fopenmp", "-fPIC")
-ABI = 2
+ABI = 3
 X8_ISAS = ("avx2", "avx512", "avx512vnni")      # ISAs with the int8 GEMM on 8 interleaved weight rows (kernels/gemm_q8x8_x86.h)
 
 
@@ -155,6 +155,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         attention = getattr(lib, f"tq_attention_{which}")
         attention.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, i64, i64, f32, ptr, cint]
         attention.restype = None
+        blocks = getattr(lib, f"tq_attention_blocks_{which}")
+        blocks.argtypes, blocks.restype = [ptr, i64, i64, i64, i64, i64, f32, cint], None
         for name in ("tq_silu_mul", "tq_gelu_tanh_mul"):
             f = getattr(lib, f"{name}_{which}")
             f.argtypes, f.restype = [ptr, i64, i64, ptr], None
@@ -237,6 +239,7 @@ class Kernels:
         self.q8x8_bytes = lib.tq_q8x8_bytes
         self.dequantize_rows_q8x8 = lib.tq_dequantize_rows_q8x8
         self.attention = getattr(lib, f"tq_attention_{which}")
+        self.attention_blocks = getattr(lib, f"tq_attention_blocks_{which}")   # several sessions' blocks in one call
         self.silu_mul = getattr(lib, f"tq_silu_mul_{which}")
         self.gelu_tanh_mul = getattr(lib, f"tq_gelu_tanh_mul_{which}")
         self.add_rms_norm = lib.tq_add_rms_norm

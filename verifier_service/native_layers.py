@@ -81,7 +81,7 @@ class NativeLayers:
         gated = ops.gated_kernel(spec.activation)
         self._decoder = _Decoder(spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.ffn,
                                  spec.norm_eps, spec.scale, int(spec.rope_layout == INTERLEAVED),
-                                 function_address(kernels.attention), function_address(gated),
+                                 function_address(kernels.attention_blocks), function_address(gated),
                                  _tensor(weights.layers[0].attn_norm, spec.hidden), ctypes.addressof(layers))
 
     @classmethod

@@ -67,6 +67,32 @@ def test_several_sessions_in_one_forward(tiny_gguf_files, arch):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("isa", native.runnable_isas())
+def test_sessions_sharing_a_forward_split_among_threads_keep_their_bits(tiny_gguf_files, isa, monkeypatch):
+    """The C loop's attention runs every session's (row, head) tasks in one parallel region, numbered one
+    session after another: with 3 threads the shares cut across sessions (blocks of 1-5 rows, caches of
+    different lengths, past the sliding windows), and each session's logits are still those it gets alone on
+    one thread."""
+    monkeypatch.setenv("TANDEM_ISA", isa)
+    fast, _ = decoders(tiny_gguf_files["gemma3"])
+    sessions = [(SEQ[:12], [5, 6, 7]), (SEQ[:3], [9]), (SEQ[:7], SEQ[:5]), (SEQ[:20], [4]), (SEQ[:9], [8, 2])]
+    alone = []
+    for prompt, block in sessions:
+        cache = fast.new_cache()
+        fast.forward(cache, prompt)
+        alone.append(fast.forward(cache, block))
+    caches = [fast.new_cache() for _ in sessions]
+    for cache, (prompt, _) in zip(caches, sessions):
+        fast.forward(cache, prompt)
+    torch.set_num_threads(3)
+    try:
+        shared = fast.forward_blocks([(cache, block) for cache, (_, block) in zip(caches, sessions)])
+    finally:
+        torch.set_num_threads(1)
+    for i, (a, b) in enumerate(zip(shared, alone)):
+        assert torch.equal(a, b), (isa, i, (a - b).abs().max().item())
+
+
 def test_the_python_loop_runs_where_the_c_loop_does_not(tiny_gguf_files, monkeypatch):
     """Blocks within the exact-rows bound never enter the Python loop; a prefill chunk wider than it does
     (masked attention over torch's GEMM); the torch op backend has no C loop and says so."""

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "attention_rows.h"
+
 /* quant.py's four GEMM entry-point forms (quants.h, gemm_q8_dispatch.h, gemm_q8x8_x86.h) */
 enum { TQ_LINEAR_ONE = 0, TQ_LINEAR_ONE_X8 = 1, TQ_LINEAR_PARTS = 2, TQ_LINEAR_PARTS_X8 = 3 };
 
@@ -22,8 +24,8 @@ typedef int (*gemm_parts_fn)(int, const int *, const void *, const int64_t *, co
                              int64_t, int64_t, float *, int64_t, int);
 typedef int (*gemm_parts_x8_fn)(int, const int *, const void *, const int64_t *, const float *, int64_t, int64_t,
                                 float *, int64_t, int);
-typedef void (*attention_fn)(const float *, int64_t, int64_t, int64_t, int64_t, int64_t, const float *,
-                             const float *, int64_t, int64_t, int64_t, float, float *, int);
+typedef void (*attention_blocks_fn)(const attention_block *, int64_t, int64_t, int64_t, int64_t, int64_t, float,
+                                    int);
 typedef void (*gated_fn)(const float *, int64_t, int64_t, float *);
 
 /* One linear as quant.QuantWeight.matmul or quant.SideBySide.matmul calls its kernel. */
@@ -47,7 +49,7 @@ typedef struct {
     int64_t layers, hidden, heads, kv_heads, d, ffn;
     float eps, scale;
     int64_t interleaved;
-    void *attention, *gated;      /* the ISA's tq_attention_<isa>; its SiLU or GELU-tanh product */
+    void *attention, *gated;      /* the ISA's tq_attention_blocks_<isa>; its SiLU or GELU-tanh product */
     const float *first_norm;      /* layer 0's attention norm */
     const tq_layer *layer;
 } tq_decoder;
@@ -86,10 +88,15 @@ int tq_decoder_layers(const tq_decoder *m, const tq_segment *seg, int64_t segmen
                       const float *const *sin_, float *x, int64_t rows, float *h, int threads) {
     const int64_t H = m->heads, KV = m->kv_heads, D = m->d, hid = m->hidden, qkv_row = (H + 2 * KV) * D;
     float *mem = (float *)malloc(sizeof(float) * (size_t)rows * (size_t)(qkv_row + 2 * H * D + 3 * hid + 3 * m->ffn));
-    if (!mem) return -1;
+    attention_block *blocks = (attention_block *)malloc(sizeof(attention_block) * (size_t)(segments ? segments : 1));
+    if (!mem || !blocks) {
+        free(mem);
+        free(blocks);
+        return -1;
+    }
     float *qkv = mem, *q = qkv + rows * qkv_row, *att = q + rows * H * D, *o = att + rows * H * D;
     float *post = o + rows * hid, *down = post + rows * hid, *gu = down + rows * hid, *act = gu + rows * 2 * m->ffn;
-    const attention_fn attend = (attention_fn)m->attention;
+    const attention_blocks_fn attend = (attention_blocks_fn)m->attention;
     const gated_fn gated = (gated_fn)m->gated;
     int rc = 0;
     tq_add_rms_norm(x, 0, rows, hid, m->first_norm, m->eps, h);
@@ -108,9 +115,10 @@ int tq_decoder_layers(const tq_decoder *m, const tq_segment *seg, int64_t segmen
             }
             tq_rope_store(block, S->n, H, KV, D, cos_[L->rope_group] + S->start * D, sin_[L->rope_group] + S->start * D,
                           k, v, S->cap, S->start, q + S->first * H * D, (int)m->interleaved);
-            attend(q + S->first * H * D, H * D, S->n, H, KV, D, k, v, S->cap, S->start, L->window, m->scale,
-                   att + S->first * H * D, threads);
+            const attention_block B = {q + S->first * H * D, H * D, S->n, k, v, S->cap, S->start, att + S->first * H * D};
+            blocks[s] = B;
         }
+        attend(blocks, segments, H, KV, D, L->window, m->scale, threads);       /* every block's heads at once */
         if (linear(&L->o, att, rows, o, threads)) { rc = (int)i + 1; break; }
         const float *add = o;
         if (L->post_attn_norm) { tq_add_rms_norm(o, 0, rows, hid, L->post_attn_norm, m->eps, post); add = post; }
@@ -123,5 +131,6 @@ int tq_decoder_layers(const tq_decoder *m, const tq_segment *seg, int64_t segmen
         tq_add_rms_norm(x, add, rows, hid, L->next_norm, m->eps, h);                 /* x += down; h = norm(x) */
     }
     free(mem);
+    free(blocks);
     return rc;
 }

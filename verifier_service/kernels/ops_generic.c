@@ -39,6 +39,53 @@ static inline float dot(const float *a, const float *b, int64_t d) {
     return lanes_sum(acc);
 }
 
+/* One (row, head) task: out row a.i, head a.h = softmax(scale * q . K) . V over its a.m keys; s: scores. */
+static inline void attend_task(const attention_task a, int64_t heads, int64_t d, float scale, float *s,
+                               float *out) {
+    const int64_t m = a.m;
+    const float *qi = a.q, *K = a.k, *V = a.v;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < m; j++) {
+        s[j] = dot(qi, K + j * d, d) * scale;
+        mx = s[j] > mx ? s[j] : mx;
+    }
+    float acc[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= m; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            s[j + l] = tq_expf(s[j + l] - mx);
+            acc[l] = acc[l] + s[j + l];
+        }
+    for (int l = 0; j + l < m; l++) {
+        s[j + l] = tq_expf(s[j + l] - mx);
+        acc[l] = acc[l] + s[j + l];
+    }
+    const float inv = 1.0f / lanes_sum(acc);
+    float *o = out + a.i * heads * d + a.h * d;
+    for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
+    for (int64_t j2 = 0; j2 < m; j2++)
+        for (int64_t c = 0; c < d; c++) o[c] = o[c] + s[j2] * V[j2 * d + c];
+    for (int64_t c = 0; c < d; c++) o[c] = o[c] * inv;
+}
+
+/* Several sessions' blocks in one parallel region (attention_rows.h): ``b[i]`` is one call's q, q_row, n, k, v,
+   cap, start and out below; each task is computed as a call of its own block computes it. */
+void tq_attention_blocks_generic(const attention_block *b, int64_t blocks, int64_t heads, int64_t kv_heads,
+                                 int64_t d, int64_t window, float scale, int threads) {
+    const int64_t longest = attention_blocks_longest(b, blocks);
+#pragma omp parallel num_threads(threads)
+    {
+        float *s = (float *)malloc(sizeof(float) * (size_t)(longest + 1));
+        int64_t blk = 0, before = 0, from, to;
+        attention_blocks_share(b, blocks, heads, window, tq_thread(), tq_threads(), &from, &to);
+        for (int64_t t = from; t < to; t++) {
+            const attention_task a = attention_blocks_task(b, t, &blk, &before, heads, kv_heads, d, window);
+            attend_task(a, heads, d, scale, s, b[blk].out);
+        }
+        free(s);
+    }
+}
+
 /* out[i, h] = softmax(scale * q[i, h] . K[kv(h), begin..end)) . V[kv(h), begin..end), end = start + i + 1,
    begin = max(0, end - window) (window 0: 0; attention_rows.h): row i attends to its own causal prefix of
    the static cache, its last ``window`` keys with a sliding window.
@@ -47,39 +94,8 @@ static inline float dot(const float *a, const float *b, int64_t d) {
 void tq_attention_generic(const float *q, int64_t q_row, int64_t n, int64_t heads, int64_t kv_heads, int64_t d,
                           const float *k, const float *v, int64_t cap, int64_t start, int64_t window, float scale,
                           float *out, int threads) {
-#pragma omp parallel num_threads(threads)
-    {
-        float *s = (float *)malloc(sizeof(float) * (size_t)(start + n));
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < n * heads; t++) {
-            const attention_task a = attention_task_of(t, q, q_row, heads, kv_heads, d, k, v, cap, start, window);
-            const int64_t m = a.m;
-            const float *qi = a.q, *K = a.k, *V = a.v;
-            float mx = -INFINITY;
-            for (int64_t j = 0; j < m; j++) {
-                s[j] = dot(qi, K + j * d, d) * scale;
-                mx = s[j] > mx ? s[j] : mx;
-            }
-            float acc[LANES] = {0};
-            int64_t j = 0;
-            for (; j + LANES <= m; j += LANES)
-                for (int l = 0; l < LANES; l++) {
-                    s[j + l] = tq_expf(s[j + l] - mx);
-                    acc[l] = acc[l] + s[j + l];
-                }
-            for (int l = 0; j + l < m; l++) {
-                s[j + l] = tq_expf(s[j + l] - mx);
-                acc[l] = acc[l] + s[j + l];
-            }
-            const float inv = 1.0f / lanes_sum(acc);
-            float *o = out + a.i * heads * d + a.h * d;
-            for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
-            for (int64_t j2 = 0; j2 < m; j2++)
-                for (int64_t c = 0; c < d; c++) o[c] = o[c] + s[j2] * V[j2 * d + c];
-            for (int64_t c = 0; c < d; c++) o[c] = o[c] * inv;
-        }
-        free(s);
-    }
+    const attention_block one = {q, q_row, n, k, v, cap, start, out};
+    tq_attention_blocks_generic(&one, 1, heads, kv_heads, d, window, scale, threads);
 }
 
 /* gu [n, 2 inner] = [gate, up] of each row; out [n, inner] = act(gate) * up. */
