@@ -14,6 +14,11 @@ token (row i of width w == row i of the widest block):
                    dequantized whole): the max |logit| difference against it is reported too.
 Every configuration runs in turn within each repeat, so a change in load hits all alike. Also the
 memory-bandwidth floor: bytes of the linear weights / measured read bandwidth.
+
+``--sessions 4,8``: the verifier's forward as several clients share it, n sessions of one row each (each
+over its own cache, as ``Decoder.forward_blocks`` batches them), beside one session's block of n rows timed
+in the same repeat: the rows are as many, but each session's attention reads its own cache. Each session's
+row is checked bit-identical to its plain step alone.
 """
 
 from __future__ import annotations
@@ -92,6 +97,8 @@ def main(argv=None) -> int:
     p.add_argument("--activations", default=None, choices=("fp32", "int8"),
                    help="the C kernels' arithmetic on GGUF blocks, as the verifier's --activations (default: "
                         "TANDEM_ACTIVATIONS, else fp32)")
+    p.add_argument("--sessions", default="", help="also time n sessions x 1 row against 1 session x n rows, for "
+                   "each n of this comma-separated list (the decoder only)")
     p.add_argument("--reference", action="store_true", help="also time transformers' forward of the same model "
                    "(fp32: a GGUF file dequantized whole, several times the file's memory)")
     args = p.parse_args(argv)
@@ -169,6 +176,8 @@ def _measure(args) -> int:
                     else:
                         logits[(c, w)] = out.clone()
 
+    shared = _sessions(decoder, args, n_ctx) if decoder is not None and args.sessions else None
+
     def cell(xs):
         return f"{min(xs):.1f} / {statistics.median(xs):.1f}"
 
@@ -200,7 +209,55 @@ def _measure(args) -> int:
         print("- max |logit| difference against transformers: " + ", ".join(f"{c} {d:.2e}" for c, d in diffs.items()))
     print(f"- rows bit-identical across widths (row i of width w == row i of width {top}): "
           + ", ".join(f"{c} {b}" for c, b in bitwise.items()))
+    if shared is not None:
+        times, identical = shared
+        print()
+        print("| sessions | n sessions x 1 row | 1 session x n rows | ratio of medians |")
+        print("|---|---|---|---|")
+        for n, (many, one) in times.items():
+            print(f"| {n} | {cell(many)} | {cell(one)} | {statistics.median(many) / statistics.median(one):.2f}x |")
+        print()
+        print(f"- each session's row in a shared forward bit-identical to its plain step alone: {identical}")
     return 0
+
+
+def _sessions(decoder, args, n_ctx: int):
+    """({n: (ms of n sessions x 1 row, ms of 1 session x n rows)}, every shared row == its plain step alone),
+    the two timed in turn in each repeat; the caches hold n_ctx + 3 s tokens (session s: its own text)."""
+    import torch
+
+    counts = sorted({int(n) for n in args.sessions.split(",") if n.strip()})
+    vocab = decoder.spec.vocab
+    ids = [(7 * i + 3) % vocab for i in range(n_ctx + 4 * max(counts) + 4)]   # as _measure's, long enough
+    caches = []
+    for s in range(max(counts)):
+        cache = decoder.new_cache()
+        decoder.forward(cache, [(x + 11 * s) % vocab for x in ids[:n_ctx + 3 * s]], True)
+        caches.append(cache)
+    alone = []
+    for s, cache in enumerate(caches):
+        alone.append(decoder.forward(cache, [ids[n_ctx + s % 4]]).clone())
+        cache.crop(-1)
+    times = {n: ([], []) for n in counts}
+    identical = True
+    with torch.inference_mode():
+        for rep in range(args.repeats + 1):
+            for n in counts:
+                blocks = [(caches[s], [ids[n_ctx + s % 4]]) for s in range(n)]
+                t0 = time.perf_counter()
+                out = decoder.forward_blocks(blocks)
+                many = (time.perf_counter() - t0) * 1e3
+                for s in range(n):
+                    caches[s].crop(-1)
+                    identical = identical and torch.equal(out[s], alone[s])
+                t0 = time.perf_counter()
+                decoder.forward(caches[0], ids[n_ctx:n_ctx + n])
+                one = (time.perf_counter() - t0) * 1e3
+                caches[0].crop(-n)
+                if rep:
+                    times[n][0].append(many)
+                    times[n][1].append(one)
+    return times, identical
 
 
 if __name__ == "__main__":

@@ -24,7 +24,10 @@ def test_every_timed_forward_runs_on_the_torch_thread(tiny_gguf_files, monkeypat
     monkeypatch.setattr(Target, "load", classmethod(lambda cls, spec, widths=(1,), **kw: cls(
         GgufModel(spec), make_tokenizer(260), "tiny", widths=widths, warmup=False)))     # no tokenizer in the file
     assert forward_costs.main(["--target", str(tiny_gguf_files["llama"]), "--widths", "1,2", "--context", "8",
-                               "--repeats", "1"]) == 0
+                               "--repeats", "1", "--sessions", "2,3"]) == 0
     out = capsys.readouterr().out
     assert "| 2 |" in out and "rows bit-identical across widths" in out
+    # several sessions of one row against one session's block of as many rows, each row its plain step's bits
+    assert "| 3 | " in out.split("| sessions |")[1]
+    assert "each session's row in a shared forward bit-identical to its plain step alone: True" in out
     assert threads and all(threads), f"{threads.count(False)} of {len(threads)} forwards off the torch thread"
