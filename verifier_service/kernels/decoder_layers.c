@@ -1,10 +1,12 @@
 /* The decoder's layer loop in one call: decoder.py's loop over the layers (qkv GEMM, q/k norms, rope + KV
-   store, exact-rows attention per session's block, o GEMM, post norms, residual + norm, gate/up GEMM, gated
-   activation, down GEMM) for blocks of up to WIDE_ROWS rows on GGUF blocks, with no Python between the
-   kernels. Every step calls the kernel decoder.py's NativeOps / quant.py call for it, with the same
-   arguments, in the same order, so each output is bit-identical to that loop's (tests/unit/
-   test_decoder_layers.py): what this saves is the interpreter's work between ~300 kernel calls a forward
-   (about a quarter of a one-row forward of the default target) and the GIL, released for the whole forward.
+   store, exact-rows attention of each session's block over its own cache, o GEMM, post norms, residual +
+   norm, gate/up GEMM, gated activation, down GEMM) for blocks of up to WIDE_ROWS rows on GGUF blocks, with no
+   Python between the kernels. Every step calls the kernel decoder.py's NativeOps / quant.py call for it, with
+   the same arguments, so each output is bit-identical to that loop's (tests/unit/test_decoder_layers.py);
+   the one difference: the attention of all sessions' blocks is one call (tq_attention_blocks: one parallel
+   region a layer, not one a session; each (row, head) computed as a call of its own block computes it).
+   What this saves is the interpreter's work between ~300 kernel calls a forward (about a quarter of a one-row
+   forward of the default target) and the GIL, released for the whole forward.
 
    ISA-independent: the ISA's functions (GEMMs, attention, the gated product) come as pointers from
    verifier_service/native_layers.py, which builds these descriptions once per decoder. */
