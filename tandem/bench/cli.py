@@ -76,8 +76,8 @@ def configure(p) -> None:
          "drafter's drafter.json), 'none', or an HF dir / .gguf")
     flag(g, "hf-k", 0, int, help="HF assisted: num_assistant_tokens, constant, no early stop (0: HF's defaults)")
     flag(g, "no-hf", help="skip the in-process HF transformers modes", cast=bool)
-    flag(g, "no-llama", help="skip the in-process llama.cpp peers (llama_plain, llama_lookup; need llama-cpp-python: "
-         "pip install 'tandem-spec[llama]')", cast=bool)
+    flag(g, "no-llama", help="skip llama.cpp: the in-process peers (llama_plain, llama_lookup; need llama-cpp-python: "
+         "pip install 'tandem-spec[llama]') and, with --concurrency, llama-server", cast=bool)
     flag(g, "llama-lookup-tokens", 10, int, help="llama.cpp prompt lookup: tokens proposed per step (num_pred_tokens)")
     flag(g, "llama-lookup-ngram", 2, int, help="llama.cpp prompt lookup: the longest n-gram matched (max_ngram_size)")
 

@@ -154,11 +154,26 @@ def level_figures(samples: list[dict]) -> dict:
     return out
 
 
-def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print) -> dict:
+def llama_server_plan(args) -> tuple[object, object, str]:
+    """(llama.cpp's tools, the target's GGUF, '') when llama-server runs beside Tandem at each level; else
+    (None, None, why not: --no-llama, no llama.cpp build, or a target that is not a GGUF file)."""
     from tandem.bench import llama_peer
+    from tandem.bench.llama_tools import find_tools, missing_message
+
+    if getattr(args, "no_llama", False):
+        return None, None, "llama-server not run (--no-llama)"
+    tools = find_tools(getattr(args, "llama_bin_dir", None))
+    if tools is None:
+        return None, None, missing_message()
+    gguf, why = llama_peer.gguf_path(args.target)
+    if gguf is None:
+        return None, None, f"llama-server not run: {why}"
+    return tools, gguf, ""
+
+
+def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print) -> dict:
     from tandem.bench.environment import environment
     from tandem.bench.llama_server import REQUEST_EXTRA, LlamaServer
-    from tandem.bench.llama_tools import find_tools, missing_message
     from tandem.bench.runner import start_services
     from tandem.security import default as default_security
 
@@ -168,10 +183,8 @@ def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print
     cpus = getattr(args, "verifier_cpus", None)
     results: dict = {"format": "tandem-bench-concurrency/1", "environment": environment(), "notes": [],
                      "levels": levels, "requests_per_client": per_client, "threads": threads, "cpus": cpus}
-    tools = find_tools(getattr(args, "llama_bin_dir", None))
-    gguf, why = llama_peer.gguf_path(args.target)
-    if tools is None or gguf is None:
-        note = missing_message() if tools is None else f"llama-server not run: {why}"
+    tools, gguf, note = llama_server_plan(args)
+    if note:
         results["notes"].append(note)
         log(f"[concurrency] {note}")
     else:

@@ -510,6 +510,22 @@ def test_versus_sitting_with_stand_in_llama_tools(tmp_path, questions_file, tiny
     assert "vs llama-bench decode" in md and r["environment"]["cpu"] in md and "llama-server" in md
 
 
+def test_concurrency_runs_llama_server_unless_told_not_to(tmp_path, stand_in_bin, monkeypatch):
+    """llama-server runs beside Tandem where llama.cpp is built and the target is a GGUF file; --no-llama
+    (the flag that skips the in-process llama.cpp peers) leaves it out too, and the report says why."""
+    from tandem.bench import concurrency as C
+    from tandem.bench import llama_peer
+
+    monkeypatch.setattr(llama_peer, "gguf_path", lambda target: (tmp_path / "model.gguf", ""))
+    common = ("--concurrency", "1,2", "--llama-bin-dir", str(stand_in_bin), "--out", str(tmp_path / "out"))
+    tools, gguf, note = C.llama_server_plan(_bench_args(*common)[1])
+    assert tools is not None and gguf == tmp_path / "model.gguf" and note == ""
+    assert C.llama_server_plan(_bench_args(*common, "--no-llama")[1]) == (None, None,
+                                                                          "llama-server not run (--no-llama)")
+    monkeypatch.setattr(llama_peer, "gguf_path", lambda target: (None, "the target is not a GGUF file"))
+    assert C.llama_server_plan(_bench_args(*common)[1])[2] == "llama-server not run: the target is not a GGUF file"
+
+
 def test_concurrency_sitting_with_a_stand_in_llama_server(tmp_path, questions_file, tiny_target_dir,
                                                            tiny_target_export, stand_in_bin, monkeypatch):
     """Two levels, twice over, against tandem up (plain and auto over HTTP) and the stand-in llama-server
