@@ -171,6 +171,55 @@ def llama_server_plan(args) -> tuple[object, object, str]:
     return tools, gguf, ""
 
 
+FORWARD_FIGURES = {"tandem:forward_sessions_sum": "sessions", "tandem:forward_sessions_count": "forwards",
+                   'tandem:forward_rows_sum{kind="verify"}': "rows",
+                   "tandem:verify_queue_seconds_sum": "queue_s", "tandem:verify_queue_seconds_count": "blocks"}
+
+
+def metrics_ports() -> int | None:
+    """A base port with it and the next two free (``tandem up --metrics-port``'s three), or None."""
+    import random
+
+    from tandem.up import port_in_use
+
+    for _ in range(64):
+        base = random.randint(20000, 60000)
+        if not any(port_in_use(base + i) for i in range(3)):
+            return base
+    return None
+
+
+def forward_counters(port: int | None) -> dict:
+    """The verifier's running totals behind its batching figures (``FORWARD_FIGURES``), from its Prometheus
+    endpoint; {} when it cannot be read (the figures are then left out)."""
+    import urllib.request
+
+    if not port:
+        return {}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in FORWARD_FIGURES:
+            out[FORWARD_FIGURES[name]] = float(value)
+    return out
+
+
+def forward_figures(before: dict, after: dict) -> dict:
+    """Sessions and rows a verify forward and the mean wait of a block for its forward, over what ran between
+    two readings of ``forward_counters``."""
+    d = {k: after[k] - before.get(k, 0.0) for k in after}
+    if not d.get("forwards"):
+        return {}
+    return {"forwards": int(d["forwards"]), "sessions_per_forward": d.get("sessions", 0.0) / d["forwards"],
+            "rows_per_forward": d.get("rows", 0.0) / d["forwards"],
+            "queue_ms": 1e3 * d.get("queue_s", 0.0) / d["blocks"] if d.get("blocks") else None}
+
+
 def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print) -> dict:
     from tandem.bench.environment import environment
     from tandem.bench.llama_server import REQUEST_EXTRA, LlamaServer
@@ -190,7 +239,9 @@ def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print
     else:
         results["tools"] = tools.describe()
         results["gguf"] = str(gguf)
-    cluster = start_services(args, out_dir / "service_logs", http_port=0)
+    metrics = metrics_ports()                     # the verifier's batching figures each level (base + 1)
+    cluster = start_services(args, out_dir / "service_logs", http_port=0, metrics_port=metrics)
+    verifier_metrics = metrics + 1 if metrics else None
     token = default_security().token
     tandem_url = f"http://127.0.0.1:{cluster.http_port}"
 
@@ -223,7 +274,13 @@ def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print
                         raise RuntimeError(f"warm-up request to {name} failed: {w['error']}")
                     log(f"[concurrency] {level} client(s) x {per_client} requests: {name}"
                         + (f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""))
+                    before = forward_counters(verifier_metrics) if name != LLAMA else {}
                     samples += [dict(s, round=rnd) for s in run_level(send, seqs, level, name)]
+                    if before:
+                        figures = forward_figures(before, forward_counters(verifier_metrics))
+                        if figures:
+                            results.setdefault("forwards", []).append(dict(figures, level=level, mode=name,
+                                                                           round=rnd))
             finally:
                 if server is not None:
                     server.stop()
@@ -261,6 +318,13 @@ def analyze_concurrency(results: dict) -> dict:
                     f[ratio] = _median([F.ratio(mine[r][key], theirs[r][key]) for r in mine if r in theirs])
                 else:
                     f[ratio] = F.ratio(f.get(key), alone.get(key))
+    for level, row in out.items():              # the verifier's batching, median of the rounds
+        for system, f in row.items():
+            runs = [x for x in results.get("forwards") or [] if str(x["level"]) == level and x["mode"] == system]
+            for key in ("sessions_per_forward", "rows_per_forward", "queue_ms"):
+                values = [x[key] for x in runs if x.get(key) is not None]
+                if values:
+                    f[key] = _median(values)
     return {"levels": out, "outputs": same_outputs(samples)}
 
 
@@ -333,6 +397,18 @@ def markdown_concurrency(results: dict) -> str:
         L.append("Per round (in the order run):")
         L.append("")
         L += table(["clients", "system", "aggregate tok/s", "vs that round's 1 client", "CPU"], per)
+    batching = [[level, system, _f(f.get("sessions_per_forward"), "{:.2f}"), _f(f.get("rows_per_forward"), "{:.2f}"),
+                 _f(f.get("queue_ms"), "{:.2f}"), cpu]
+                for level, row in results["analysis"]["levels"].items() for system, f in row.items()
+                if f.get("sessions_per_forward") is not None]
+    if batching:
+        L.append("")
+        L.append("The verifier's forwards over each level's requests (its Prometheus counters, read before and after; "
+                 "medians of the rounds): sessions and rows a verify forward (rows: drafted rows and prompt slices "
+                 "riding along included), and a block's mean wait for its forward:")
+        L.append("")
+        L += table(["clients", "system", "sessions a forward", "rows a forward", "wait for a forward ms", "CPU"],
+                   batching)
     same = results["analysis"].get("outputs")
     if same and same["requests"]:
         L.append("")

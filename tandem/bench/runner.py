@@ -24,9 +24,10 @@ from tandem.bench.settings import Settings
 from tandem.bench.workload import Prompt
 
 
-def start_services(args, log_dir: Path, http_port: int = -1):
+def start_services(args, log_dir: Path, http_port: int = -1, metrics_port: int | None = None):
     """The three services as ``tandem up`` starts them (``http_port`` 0: the OpenAI HTTP API on a free
-    port, then in ``cluster``'s args; -1: none)."""
+    port, then in ``cluster``'s args; -1: none; ``metrics_port``: Prometheus on it and the next two, as
+    ``tandem up --metrics-port``)."""
     from tandem.up import start_cluster
 
     # the gateway's default draft length must be auto: a request's draft_length 0 means "the gateway's
@@ -37,7 +38,7 @@ def start_services(args, log_dir: Path, http_port: int = -1):
                          verifier_cpus=getattr(args, "verifier_cpus", None),
                          drafter_cpus=getattr(args, "drafter_cpus", None), startup_timeout=args.startup_timeout,
                          log_dir=str(log_dir), http_port=http_port, activations=getattr(args, "activations", None),
-                         separate_verifier=getattr(args, "separate_verifier", False))
+                         separate_verifier=getattr(args, "separate_verifier", False), metrics_port=metrics_port)
     cluster = start_cluster(ns)
     cluster.http_port = ns.http_port
     return cluster

@@ -556,3 +556,11 @@ def test_concurrency_sitting_with_a_stand_in_llama_server(tmp_path, questions_fi
     assert cmd[cmd.index("--parallel") + 1] == "2" and cmd[cmd.index("-c") + 1] == str(2 * 4096)
     assert sorted({s["client"] for s in r["samples"] if s["level"] == 2}) == [0, 1]
     assert "--parallel 2" in (out / "report.md").read_text()
+    # the verifier's batching at each level, from its Prometheus counters (the tiny target's forward is too
+    # short for 2 clients to meet in one reliably: only the bounds are certain)
+    for level in ("1", "2"):
+        for system in (C.PLAIN, C.AUTO):
+            f = levels[level][system]
+            assert 1.0 <= f["sessions_per_forward"] <= int(level) and f["rows_per_forward"] >= f["sessions_per_forward"]
+            assert f["queue_ms"] >= 0
+    assert "sessions a forward" in (out / "report.md").read_text()
