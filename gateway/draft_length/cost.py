@@ -24,12 +24,16 @@ and a block the gateway copies itself by prompt lookup (no drafter call) t_verif
 Several clients at once: the verifier batches the blocks of the sessions waiting into one forward
 (``VerifyOutcome.forward_rows``: this block's rows and the others'). A verify time is learned at the
 width of the whole forward (its rows - 1), and ``other_rows`` is a decayed mean of the rows other
-sessions bring. With o of them, a block of k draft tokens makes this session's round cost t_verify(o + k)
-and holds up each of the o others' rounds by t_verify(o + k) - t_verify(o); the choice counts that delay
-against the block too (its cost is the session's round plus o times the delay it adds), so as more
+sessions bring. With o of them, a block of k draft tokens makes this session's round cost t_verify(o) plus
+the rise its k rows add, and holds up each of the o others' rounds by that rise; the choice counts that
+delay against the block too (its cost is the session's round plus o times the delay it adds), so as more
 sessions share the forward, only blocks that are likely accepted are drafted: a draft row's compute then
 takes a share of a forward that every session waits for. With no other rows the rule is the
-single-session one.
+single-session one. The rise keeps the shape of the verifier's start-up profile (``seed``: its cost per
+width, measured alone), scaled by what forwards of o rows cost now against the profile: the curve learned
+under load pools forwards whose cost moves with more than their width (prompt rows riding along, how many
+sessions' caches they read), and its fit goes flat (8 clients on a 2-core host: the same 8.4 ms from width
+2 to 8), which made every draft row look free to the others.
 
 A model drafter on the verifier's cores (``shared_cpus``: one box, ``tandem up``'s default) drafts while the
 verifier runs the other sessions' forward, and takes a core from it: a drafted token's time is then
@@ -117,6 +121,7 @@ class CostModel:
         self._pinged_round_trip = 0.0          # a ping of the drafter (GetInfo), until Propose calls are measured
         self._fit: list[tuple[int, float]] | None = None
         self._curve: list[float] = []          # verify ms per width 0.., read off the current fit
+        self._profile: list[tuple[int, float]] = []      # the seed table (the verifier's profile, alone)
         self.rounds_observed = 0
 
     # ---- learning ---------------------------------------------------------------------------------
@@ -127,6 +132,7 @@ class CostModel:
             if int(w) < 0 or not math.isfinite(float(ms)) or float(ms) < 0:
                 raise ValueError(f"bad profile entry {w}: {ms}")
             self._verify.setdefault(int(w), _Ewma(self.alpha)).seed(float(ms), weight)
+        self._profile = _isotonic(sorted((int(w), float(ms), 1.0) for w, ms in table.items()))
         self._fit = None
 
     def seed_drafter_round_trip(self, ms: float) -> None:
@@ -187,11 +193,11 @@ class CostModel:
             self._curve.extend(self._read(range(len(self._curve), top + 1)))
         return self._curve
 
-    def _read(self, widths: range) -> list[float]:
-        """The fit read at increasing ``widths``: linear between measured widths; outside them, the
+    def _read(self, widths: range, pts: list[tuple[int, float]] | None = None) -> list[float]:
+        """The fit (or ``pts``) read at increasing ``widths``: linear between measured widths; outside them, the
         least-squares slope of the monotone fit (robust to one noisy end point, which a two-point slope
         would amplify over many widths); with one width measured, ``default_slope``."""
-        pts = self._points()
+        pts = self._points() if pts is None else pts
         if not pts:
             return [0.0] * len(widths)
         if len(pts) == 1:
@@ -258,7 +264,13 @@ class CostModel:
         curve = self.verify_curve(top + o)
         if not o:
             return curve[:top + 1]
-        return [curve[o + k] + o * (curve[o + k] - curve[o]) for k in range(top + 1)]
+        if len(self._profile) > 1:              # the rise of k rows from the profile's shape, at today's scale
+            profile = self._read(range(o, o + top + 1), self._profile)
+            scale = max(1.0, curve[o] / profile[0]) if profile[0] > 0 else 1.0
+            rise = [scale * (p - profile[0]) for p in profile]
+        else:
+            rise = [curve[o + k] - curve[o] for k in range(top + 1)]
+        return [curve[o] + rise[k] + o * rise[k] for k in range(top + 1)]
 
     def round_curve(self, top: int, lookup_tokens: int = 0) -> list[float]:
         """Expected wall ms of a round for k = 0..top (the first ``lookup_tokens`` of a block copied by the

@@ -811,6 +811,28 @@ def test_other_sessions_rows_in_the_forward_make_blocks_pay_their_share():
     assert (fig.forward_rows, fig.other_rows) == (4, 3)
 
 
+def test_a_flat_curve_learned_under_load_leaves_draft_rows_their_cost():
+    """8 clients on a 2-core host: forwards of ~19 rows, each verify learned at its whole width, and the
+    costs of those forwards move with what rides along more than with their width, so the fit goes flat (the
+    gateway's figures mid-run: 8.4 ms from width 2 to 8). Read off that fit, a block's rows delay nobody, and
+    a drafter accepted at 0.5 looked worth it. The rise of k rows keeps the start-up profile's shape (a row
+    ~10 % of a plain step here): the block is charged its rows for this round and for the 18 others', and the
+    choice goes plain; alone, the same drafter still drafts."""
+    profile = {w: 5.0 + 0.5 * w for w in range(9)}
+    alone = cost_model(profile, draft_per_token=0.3, plain_oh=0.5)
+    assert choose_k(alone, flat_acceptance(0.5), 4).k >= 1
+    shared = cost_model(profile, draft_per_token=0.3, plain_oh=0.5)
+    for _ in range(30):
+        for k in (0, 2, 4):
+            shared.observe(RoundFigures(width=k, accepted=0, verify_ms=8.4, draft_ms=0.3 * k, round_ms=8.9 + 0.3 * k,
+                                        forward_rows=19 + k))
+    assert shared.other_rows == 18
+    assert shared.verify_ms(22) - shared.verify_ms(18) < 0.1                # the learned fit: flat
+    d = choose_k(shared, flat_acceptance(0.5), 4)
+    assert d.k == 0
+    assert d.candidates[1].expected_ms > d.candidates[0].expected_ms + 18 * 0.5   # a row for each of the others
+
+
 def test_a_drafter_on_the_verifiers_cores_pays_for_the_forward_it_slows():
     """On one box the drafter drafts while the verifier runs the other sessions' forward and takes a core from
     it: with 3 other sessions' rows, a drafted token's time counts for this round and for each of the 3 others
