@@ -192,21 +192,15 @@ def metrics_ports() -> int | None:
 def forward_counters(port: int | None) -> dict:
     """The verifier's running totals behind its batching figures (``FORWARD_FIGURES``), from its Prometheus
     endpoint; {} when it cannot be read (the figures are then left out)."""
-    import urllib.request
+    from tandem.bench.prometheus import samples
 
     if not port:
         return {}
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            text = r.read().decode()
+        found = samples(f"http://127.0.0.1:{port}/metrics", timeout_s=10)
     except OSError:
         return {}
-    out = {}
-    for line in text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name in FORWARD_FIGURES:
-            out[FORWARD_FIGURES[name]] = float(value)
-    return out
+    return {FORWARD_FIGURES[name]: value for name, value in found if name in FORWARD_FIGURES}
 
 
 def forward_figures(before: dict, after: dict) -> dict:

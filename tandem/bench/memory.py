@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import threading
-import urllib.request
 from pathlib import Path
 
 PEAK_PATTERNS = (re.compile(r"peak.*(rss|resident)|(rss|resident).*peak|max_?rss", re.IGNORECASE),)
@@ -100,23 +99,15 @@ class RssMonitor:
 def scrape_peak_rss(url: str, timeout_s: float = 5.0) -> dict:
     """Reads a Prometheus text endpoint; returns {"source", "peak_rss_bytes" or "rss_bytes", "metric"}
     or {"source": "n/a", "note": why}."""
+    from tandem.bench.prometheus import samples
+
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            text = resp.read().decode("utf-8", "replace")
+        found = samples(url, timeout_s)
     except Exception as exc:  # noqa: BLE001 - any failure means "not available"
         return {"source": "n/a", "note": f"metrics endpoint {url}: {type(exc).__name__}: {exc}"}
     current = None
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        parts = line.rsplit(None, 1)
-        if len(parts) != 2:
-            continue
-        name = parts[0].split("{", 1)[0]
-        try:
-            value = float(parts[1])
-        except ValueError:
-            continue
+    for sample, value in found:
+        name = sample.split("{", 1)[0]
         if any(p.search(name) for p in PEAK_PATTERNS):
             return {"source": "metrics", "metric": name, "peak_rss_bytes": int(value), "url": url}
         if name == CURRENT_RSS and current is None:
