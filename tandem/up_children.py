@@ -17,17 +17,16 @@ phase (the last ``[tandem] phase: ...`` line of its log), and records it in the 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tandem import spawn
 from tandem.flags import DEFAULT_HOST
 from tandem.up_logs import write_starting
 from tandem.up_signals import HURRY
@@ -68,28 +67,6 @@ def wait_healthy(address: str, timeout: float = 60.0, *, deadline: float | None 
 
 
 # ---- children ------------------------------------------------------------------------------------
-def _die_with_parent():
-    """A preexec_fn (Linux, spawning from the main thread): the child gets SIGTERM when ``up`` dies, even by
-    SIGKILL, and has its own process group, so that a terminal's Ctrl-C reaches ``up`` alone and ``up``
-    stops the three in order. None elsewhere. (PR_SET_PDEATHSIG fires when the spawning *thread* ends,
-    hence main thread only.)"""
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        os.setpgid(0, 0)
-        prctl(1, int(signal.SIGTERM), 0, 0, 0)      # PR_SET_PDEATHSIG
-        if os.getppid() != parent:                   # up died before the line above took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
 @dataclass
 class Child:
     """One service process and what it takes to start it again on the same port."""
@@ -151,10 +128,12 @@ class Cluster:
                           f"(the last one exited with code {child.proc.returncode}) ====\n")
                 log.flush()
             env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-            child.proc = subprocess.Popen([sys.executable, "-m", "tandem.cli", f"serve-{name}", *child.args,
-                                           "--port", str(child.port), "--port-file", str(port_file)],
-                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                          preexec_fn=_die_with_parent())
+            # Its own process group, so that a terminal's Ctrl-C reaches up alone and up stops the three in
+            # order; SIGTERM from the kernel if up dies, even by SIGKILL (tandem.spawn: no preexec_fn)
+            child.proc = spawn.popen([sys.executable, "-m", "tandem.cli", f"serve-{name}", *child.args,
+                                      "--port", str(child.port), "--port-file", str(port_file)],
+                                     die_with_parent=True, new_group=True,
+                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         child.started, child.healthy_since, child.restart_at = time.monotonic(), None, None
         (self.log_dir / f"{name}.pid").write_text(str(child.proc.pid))
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 import subprocess
 import time
@@ -14,7 +13,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tandem.affinity import parse_cpus
+from tandem import spawn
 from tandem.flags import DEFAULT_HOST
 
 
@@ -22,14 +21,6 @@ from tandem.flags import DEFAULT_HOST
 # llama-server would answer a repeat's prefill from the KV its slot kept of the same prompt, which no
 # fresh request gets (Tandem's verifier keeps no prompt cache across requests).
 REQUEST_EXTRA = {"cache_prompt": False}
-
-
-def _pinned(cpus: str | None):
-    """A preexec_fn that pins the child to ``cpus`` (None: no pinning)."""
-    if not cpus:
-        return None
-    cpu_set = parse_cpus(cpus)
-    return lambda: os.sched_setaffinity(0, cpu_set)
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:
@@ -66,8 +57,8 @@ class LlamaServer:
         self.port = free_port()
         log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_pinned(self.cpus))
+        self.proc = spawn.popen(self.command, cpus=self.cpus, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
         if log is not subprocess.DEVNULL:
             log.close()
         try:
@@ -112,8 +103,7 @@ def llama_bench(exe: Path, gguf: Path, threads: int, n_gen: int = 128, repetitio
     cmd = [str(exe), "-m", str(gguf), "-t", str(threads), "-n", str(n_gen), "-p", "0", "-r", str(repetitions),
            "-o", "json"]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, preexec_fn=_pinned(cpus),
-                       check=False)
+    r = spawn.run(cmd, cpus=cpus, capture_output=True, text=True, timeout=timeout_s, check=False)
     out = {"command": cmd, "wall_s": time.perf_counter() - t0, "cpus": cpus}
     if r.returncode:
         out["error"] = f"exit code {r.returncode}: {r.stderr[-1000:]}"

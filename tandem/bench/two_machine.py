@@ -88,14 +88,14 @@ def drafter_nodes(spec: str | None, drafter: str) -> list[tuple[str, list[str]]]
 
 def start_relay(to: str, delay_ms: float, cpus: str | None, log_dir: Path) -> tuple[subprocess.Popen, int]:
     """A delay relay to ``to`` holding each byte ``delay_ms`` / 2 each way; (the process, its port)."""
-    from tandem.bench.llama_server import _pinned
+    from tandem import spawn
 
     port_file = log_dir / f"relay-{delay_ms:g}ms.port"
     port_file.unlink(missing_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", "tandem.bench.delay_relay", "--listen", "127.0.0.1",
-                             "--port-file", str(port_file), "--to", to, "--delay-ms", str(delay_ms / 2)],
-                            stdout=subprocess.DEVNULL, stderr=open(log_dir / f"relay-{delay_ms:g}ms.log", "w"),
-                            stdin=subprocess.DEVNULL, preexec_fn=_pinned(cpus))
+    proc = spawn.popen([sys.executable, "-m", "tandem.bench.delay_relay", "--listen", "127.0.0.1",
+                        "--port-file", str(port_file), "--to", to, "--delay-ms", str(delay_ms / 2)],
+                       cpus=cpus, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                       stderr=open(log_dir / f"relay-{delay_ms:g}ms.log", "w"))  # noqa: SIM115
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if port_file.exists() and port_file.read_text().strip():
