@@ -142,7 +142,7 @@ class Target(TargetModel):
         tokens get in any forward (prompts then ride along in verify forwards and ended sessions' K/V serve
         later prompts: ``mixes_prefill``, ``caches_prefixes``); chunks of DEFAULT_PREFILL_CHUNK run torch's
         GEMM, faster the wider, with rows that depend on the chunk. The exact ones are kept where they cost at
-        most EXACT_PREFILL_MAX_COST times as much a token (1.2x on AVX-512, 1.34x on AVX2, 3.3x on the portable
+        most EXACT_PREFILL_MAX_COST times as much a token (0.7x on AVX-512, 1.43x on AVX2, 3.3x on the portable
         path: BENCHMARKS.md). Otherwise (no measuring, transformers' forward) DEFAULT_PREFILL_CHUNK. The head
         does not count: a prefill runs it on its last row only."""
         from verifier_service.decoder import ROW_BY_ROW_MAX

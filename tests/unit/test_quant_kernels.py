@@ -196,6 +196,9 @@ def test_rows_do_not_depend_on_width_or_threads(gguf_weights, kind, which):
     into = torch.zeros(11, OUT + 8)
     w.matmul(x, out=into[:, 4:4 + OUT])                 # strided output rows: a column slice
     assert torch.equal(into[:, 4:4 + OUT], full) and not into[:, :4].any() and not into[:, 4 + OUT:].any()
+    # a prompt chunk or a shared forward: up to 33 rows, several row groups through each tile of columns
+    wide = torch.randn(33, INNER, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(w.matmul(wide)[[0, 8, 17, 32]], torch.cat([w.matmul(wide[i:i + 1]) for i in (0, 8, 17, 32)]))
 
 
 @pytest.mark.parametrize("which", ISAS)
