@@ -154,6 +154,11 @@ def level_figures(samples: list[dict]) -> dict:
     return out
 
 
+def tandem_modes(args) -> list[str]:
+    """Tandem's systems at each level: plain decoding, and auto unless ``--no-auto``."""
+    return [PLAIN] + ([] if getattr(args, "no_auto", False) else [AUTO])
+
+
 def llama_server_plan(args) -> tuple[object, object, str]:
     """(llama.cpp's tools, the target's GGUF, '') when llama-server runs beside Tandem at each level; else
     (None, None, why not: --no-llama, no llama.cpp build, or a target that is not a GGUF file)."""
@@ -252,8 +257,8 @@ def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print
     try:
         for rnd, level in ((r, lvl) for r in range(rounds) for lvl in levels):
             seqs = client_sequences(run_order, level, per_client)
-            systems = [(PLAIN, sender(tandem_url, {"no_speculation": True}, token, salted=True)),
-                       (AUTO, sender(tandem_url, None, token, salted=True))]
+            extra = {PLAIN: {"no_speculation": True}, AUTO: None}
+            systems = [(mode, sender(tandem_url, extra[mode], token, salted=True)) for mode in tandem_modes(args)]
             server = None
             if tools is not None and gguf is not None:
                 server = LlamaServer(tools.server, gguf, threads, parallel=level, cpus=cpus,
@@ -406,7 +411,9 @@ def markdown_concurrency(results: dict) -> str:
     same = results["analysis"].get("outputs")
     if same and same["requests"]:
         L.append("")
-        what = (f"{same['requests']} Tandem requests (plain and auto, every level) over {same['prompts']} prompts, each "
+        ran = " and ".join(m.removeprefix("tandem-") for m in (PLAIN, AUTO)
+                           if any(s.get("mode") == m for s in results["samples"]))
+        what = (f"{same['requests']} Tandem requests ({ran}, every level) over {same['prompts']} prompts, each "
                 f"against plain decoding of its prompt at the fewest clients it ran with ({same['alone']} of them "
                 "alone)")
         L.append(f"Outputs: {what}: " + ("**all identical**." if not same["differ"] else

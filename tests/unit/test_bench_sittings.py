@@ -526,6 +526,14 @@ def test_concurrency_runs_llama_server_unless_told_not_to(tmp_path, stand_in_bin
     assert C.llama_server_plan(_bench_args(*common)[1])[2] == "llama-server not run: the target is not a GGUF file"
 
 
+def test_concurrency_runs_auto_unless_told_not_to():
+    """--no-auto (the flag that skips the auto mode of the other sittings) leaves auto out of the levels too."""
+    from tandem.bench import concurrency as C
+
+    assert C.tandem_modes(_bench_args("--concurrency", "1,2")[1]) == [C.PLAIN, C.AUTO]
+    assert C.tandem_modes(_bench_args("--concurrency", "1,2", "--no-auto")[1]) == [C.PLAIN]
+
+
 def test_concurrency_sitting_with_a_stand_in_llama_server(tmp_path, questions_file, tiny_target_dir,
                                                            tiny_target_export, stand_in_bin, monkeypatch):
     """Two levels, twice over, against tandem up (plain and auto over HTTP) and the stand-in llama-server
