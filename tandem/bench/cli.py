@@ -98,7 +98,8 @@ def configure(p) -> None:
          "drafter and its serve-drafter flags, e.g. 'default;default --suffix off;suffix' (default: --drafter)")
     flag(g, "concurrency", "", help="N clients at once, e.g. 1,2,4,8: aggregate tok/s and p50/p95 inter-token "
          "latency, Tandem plain and auto over HTTP beside llama-server --parallel N (tandem.bench.concurrency)")
-    flag(g, "concurrency-requests", 2, int, help="--concurrency: requests each client sends, one after another")
+    flag(g, "concurrency-requests", 2, int, help="--concurrency: requests each client sends, one after another, at "
+         "the highest level; every level sends the same requests (fewer clients each send more)")
     flag(g, "concurrency-rounds", 1, int, help="--concurrency: run the levels this many times over, interleaved "
          "(1,4,8,1,4,8,...): tok/s are medians, each ratio to 1 client pairs a round with its own 1-client run")
     flag(g, "llama-bin-dir", None, help="folder with llama.cpp's llama-bench and llama-server (default: "

@@ -3,8 +3,10 @@ and auto) and against ``llama-server --parallel N`` (its slots, with continuous 
 default) on the same GGUF, the same streamed requests.
 
 At each level N, each system in turn (llama-server is started anew with ``--parallel N``): a warm-up
-request, then N client threads start together, client i sending its own prompt sequence (the run
-order rotated by i, ``--concurrency-requests`` requests one after another). Figures per (level,
+request, then N client threads start together, each sending its requests one after another. Every level
+sends the same requests (``client_sequences``): ``--concurrency-requests`` per client at the highest level,
+so fewer clients each send more, and each level's throughput is set against one client's on the same
+prompts. Figures per (level,
 system): aggregate tokens/s = all new tokens / the time from the first send to the last reply; per
 request TTFT and time per output token after the first (p50, p95 over requests); inter-token latency
 (each chunk's gap spread over its tokens, ``tandem.bench.http_stream``) p50 and p95 over all tokens.
@@ -35,10 +37,16 @@ LLAMA = "llama-server"
 PLAIN, AUTO = "tandem-plain", "tandem-auto"
 
 
-def client_sequences(run_order: list, clients: int, per_client: int) -> list[list]:
-    """Client i's prompts: the run order from position i on, wrapping, ``per_client`` of them."""
-    n = len(run_order)
-    return [[run_order[(i + j) % n] for j in range(per_client)] for i in range(clients)]
+def client_sequences(run_order: list, clients: int, per_client: int, most: int | None = None) -> list[list]:
+    """Each client's prompts at a level of ``clients``. Every level sends the same requests: the run order,
+    wrapping, ``most`` x ``per_client`` of them (``most``: the highest level; default ``clients``), dealt out
+    in turn, so that client i sends requests i, i + clients, ... A level's throughput is then set against one
+    client's over the same prompts (with the prompts of a level picked apart, one client sent only the first
+    few, short ones, while 8 clients also sent the long summarization and RAG prompts, whose prefill
+    lowered their ratio)."""
+    n, most = len(run_order), max(clients, most or clients)
+    pool = [run_order[j % n] for j in range(most * per_client)]
+    return [pool[i::clients] for i in range(clients)]
 
 
 def run_level(send, sequences: list[list], level: int, system: str) -> list[dict]:
@@ -256,7 +264,7 @@ def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print
     results["rounds"] = rounds
     try:
         for rnd, level in ((r, lvl) for r in range(rounds) for lvl in levels):
-            seqs = client_sequences(run_order, level, per_client)
+            seqs = client_sequences(run_order, level, per_client, max(levels))
             extra = {PLAIN: {"no_speculation": True}, AUTO: None}
             systems = [(mode, sender(tandem_url, extra[mode], token, salted=True)) for mode in tandem_modes(args)]
             server = None
@@ -348,9 +356,11 @@ def markdown_concurrency(results: dict) -> str:
     cpu = results["environment"].get("cpu_label") or results["environment"].get("cpu", "?")
     L = [f"# Concurrency: {results.get('threads')} thread(s), levels {', '.join(map(str, results['levels']))}", ""]
     rounds = results.get("rounds", 1)
-    L.append(f"Run {results.get('started_at', '?')} – {results.get('finished_at', '?')}; CPU **{cpu}**. Each client "
-             f"sends {results['requests_per_client']} requests one after another, all clients at once; the same "
-             "streamed OpenAI requests to every system."
+    most = max(results["levels"])
+    L.append(f"Run {results.get('started_at', '?')} – {results.get('finished_at', '?')}; CPU **{cpu}**. Every level "
+             f"sends the same {most * results['requests_per_client']} requests ({results['requests_per_client']} a "
+             f"client at {most} clients; fewer clients each send more, one after another, all clients at once); the "
+             "same streamed OpenAI requests to every system."
              + (f" The levels ran {rounds} times over, interleaved: tok/s are medians of the rounds, and each ratio to "
                 "1 client the median of the rounds' own ratios." if rounds > 1 else ""))
     L.append("")

@@ -271,6 +271,11 @@ def test_concurrency_runs_clients_at_once_and_reports_percentiles():
     order = [Prompt(i, "c", f"p{i}") for i in range(3)]
     seqs = C.client_sequences(order, 4, 2)
     assert [[p.question_id for p in s] for s in seqs] == [[0, 1], [1, 2], [2, 0], [0, 1]]
+    # every level of a sitting sends the same requests: one client all eight, two clients four each
+    ids = lambda seqs: [[p.question_id for p in s] for s in seqs]          # noqa: E731
+    assert ids(C.client_sequences(order, 1, 2, most=4)) == [[0, 1, 2, 0, 1, 2, 0, 1]]
+    assert ids(C.client_sequences(order, 2, 2, most=4)) == [[0, 2, 1, 0], [1, 0, 2, 1]]
+    assert sorted(sum(ids(C.client_sequences(order, 3, 2, most=4)), [])) == sorted(sum(ids(seqs), []))
     inside = [0]
     most = [0]
     lock = threading.Lock()
@@ -556,10 +561,12 @@ def test_concurrency_sitting_with_a_stand_in_llama_server(tmp_path, questions_fi
     for level in ("1", "2"):
         assert set(levels[level]) == {C.LLAMA, C.PLAIN, C.AUTO}
         for f in levels[level].values():
-            assert f["requests"] == 2 * 2 * int(level) and f["errors"] == 0 and f["tokens"] > 0
+            assert f["requests"] == 2 * 2 * 2 and f["errors"] == 0 and f["tokens"] > 0   # the same requests at each level
             assert f["itl_p50_ms"] <= f["itl_p95_ms"] and set(f["per_round"]) == {"0", "1"}
     assert levels["2"][C.LLAMA]["tokens"] == 12 * 2 * 2                 # a round's: the stand-in answers 12 tokens
-    assert [s["round"] for s in r["samples"] if s["level"] == 1 and s["mode"] == C.PLAIN] == [0, 0, 1, 1]
+    assert [s["round"] for s in r["samples"] if s["level"] == 1 and s["mode"] == C.PLAIN] == [0] * 4 + [1] * 4
+    assert (sorted(s["question_id"] for s in r["samples"] if s["level"] == 1 and s["mode"] == C.PLAIN)
+            == sorted(s["question_id"] for s in r["samples"] if s["level"] == 2 and s["mode"] == C.PLAIN))
     cmd = r["llama_server"]["2"]["command"]
     assert cmd[cmd.index("--parallel") + 1] == "2" and cmd[cmd.index("-c") + 1] == str(2 * 4096)
     assert sorted({s["client"] for s in r["samples"] if s["level"] == 2}) == [0, 1]
