@@ -279,7 +279,7 @@ def run_concurrency(args, prompts, run_order, settings, out_dir: Path, log=print
                     w = send(run_order[0], settings.max_tokens)
                     if "error" in w:
                         raise RuntimeError(f"warm-up request to {name} failed: {w['error']}")
-                    log(f"[concurrency] {level} client(s) x {per_client} requests: {name}"
+                    log(f"[concurrency] {level} client(s), {sum(map(len, seqs))} requests: {name}"
                         + (f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""))
                     before = forward_counters(verifier_metrics) if name != LLAMA else {}
                     samples += [dict(s, round=rnd) for s in run_level(send, seqs, level, name)]
