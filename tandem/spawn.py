@@ -3,9 +3,9 @@
 ``subprocess.Popen(preexec_fn=...)`` makes CPython use ``fork()``, and ``fork()`` runs gRPC core's
 ``pthread_atfork`` handlers. In grpcio 1.85 the child's handler restarts the event engine's poller
 threads, and CPython then closes the inherited descriptors (``close_fds``) under them: the child dies
-of SIGSEGV or SIGABRT ("epoll_wait error: Bad file descriptor") before it reaches ``exec``. Measured
-here: a process with a gRPC server and a busy channel, 150 children with a one-line ``preexec_fn``:
-22 died; with none (CPython then uses ``vfork()``, which runs no handlers): 0 of 150 (grpc/grpc#43055).
+of SIGSEGV or SIGABRT ("epoll_wait error: Bad file descriptor") before it reaches ``exec``
+(grpc/grpc#43055; a one-line ``preexec_fn`` is enough: BENCHMARKS.md, twenty-second session). Without a
+``preexec_fn`` CPython uses ``vfork()``, which runs no handlers.
 
 So every child of ``tandem up`` and ``tandem bench`` starts through :func:`popen`, which takes no
 ``preexec_fn``. What the old preexec functions did in the child happens after ``exec`` instead, in a

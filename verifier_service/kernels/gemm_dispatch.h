@@ -3,13 +3,12 @@
    (rows r0..r0+N-1 of x against weight row o), TQ_GEMM_NAME and TQ_GEMM_PARTS_NAME (the exported names).
 
    One noinline function per (kind, row count): the kind and N are constants inside it, so its accumulators
-   get registers and its loops unroll. The entry point runs OpenMP over the output columns: every y[r, o] is
-   computed by one thread, and a row of x takes the same instructions in any pass it falls in. */
-/* Output columns a thread takes at a time. Within a tile, each group of ROWS rows of x meets every column
-   before the next group starts: the group's x stays in L1 across the tile's columns, and the tile's weight
-   rows stay in cache across the groups. Without it, a block wider than ROWS read all of x from L2 once a
-   column (default target, all linears, 1 thread: 104 GFLOP/s at width 8, 61 at width 32). Which instance
-   computes y[r, o] does not depend on the tile: the same bits. */
+   get registers and its loops unroll. The entry point runs OpenMP over tiles of OUT_TILE output columns:
+   every y[r, o] is computed by one thread, and a row of x takes the same instructions in any pass it falls
+   in. Within a tile, each group of ROWS rows of x meets every column before the next group starts, so the
+   group's x stays in L1 across the tile's columns and the tile's weight rows stay in cache across the
+   groups (column by column, a block wider than ROWS read all of x from L2 once a column: BENCHMARKS.md,
+   twenty-second session). Which instance computes y[r, o] does not depend on the tile: the same bits. */
 #ifndef OUT_TILE
 #define OUT_TILE 16
 #endif
