@@ -56,6 +56,22 @@ def test_rows_bit_identical_across_widths(tiny_gguf_files, arch, backend):
             assert torch.equal(rows[i], plain[i]), (arch, backend, width, i)
 
 
+def test_a_page_sized_vocabulary_gives_the_heads_own_values(tmp_path):
+    """A vocabulary whose logits row is whole 4 KiB pages (1 024 tokens here; 49 152 for the default target)
+    gets its logits in padded rows: the same values the head's own matmul gives, rows exact across widths."""
+    from tandem.bench.random_gguf import write
+
+    decoder = decoder_of(write(tmp_path / "v1024.gguf", vocab=1024, std=0.3, seed=3), "native")
+    cache = decoder.new_cache()
+    decoder.forward(cache, SEQ[:10])
+    rows = decoder.forward(cache, SEQ[10:18])
+    assert rows.shape == (8, 1024) and rows.stride(0) > 1024          # the padded view
+    plain = logits(decoder, SEQ[:18], list(range(10, 18)))[10:]
+    assert torch.equal(rows, plain)
+    h = torch.randn(5, decoder.spec.hidden)
+    assert torch.equal(decoder._head(h), decoder.weights.head.matmul(h))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_longest_verify_block_is_exact(tiny_gguf_files, backend):
     """A block of --max-block's default 32 drafts plus the pending row (33 rows) is still computed row by
