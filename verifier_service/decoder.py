@@ -270,8 +270,8 @@ class Decoder:
         """logits [rows, vocab] = the head on h. A GGUF head writes into rows padded by 16 floats where a row of
         logits is a whole number of 4 KiB pages (vocabularies of 32 768, 49 152, 262 144): the C GEMM writes
         every row's element o before the next column, and with page-aligned rows those stores alias in the
-        cache (a [8, 49152] Q8_0 head ran at 2/3 of its speed at widths 7-8). The values are the same; the
-        tensor returned is a view with that row stride."""
+        cache and slow a wide head (BENCHMARKS.md, twenty-third session). The values are the same; the tensor
+        returned is a view with that row stride."""
         head, vocab = self.weights.head, self.spec.vocab
         if not isinstance(head, BlockWeight) or (vocab * 4) % 4096:
             return head.matmul(h)
