@@ -117,7 +117,7 @@ class PinnedDraftLength(_Learning):
         k = min(self.k, budget)
         c, = candidates(self.cost, self.acceptance, (k,), self._lookup_predicted, self._lookup_ngram, local_lookup,
                         catch_up, remaining, ready)
-        return Decision(k, c.expected_tokens, c.expected_ms, c.tokens_per_ms, (c,), "pinned")
+        return Decision(k, c.expected_tokens, c.expected_ms, c.tokens_per_ms, (c,), "pinned", c.source)
 
     @property
     def expects_drafting(self) -> bool:
