@@ -100,6 +100,30 @@ def test_a_block_drafted_ahead_that_keeps_more_takes_the_round_from_the_gateways
     assert [c.source for c in alone.candidates] == ["", "copy", "copy", ""]
 
 
+def test_a_block_drafted_ahead_in_place_of_the_copy_does_not_teach_the_matchs_acceptance():
+    """A round that took the tokens drafted ahead over the gateway's copy learns nothing about copies found by
+    that match's length (the tokens were not the match's); a round that took the copy does."""
+    cost = cost_model({w: 10.0 + w for w in range(5)}, plain_oh=0.5)
+    policy = AutoDraftLength(cost, AcceptanceEstimator(default=0.5, default_lookup=0.5, share=False))
+    for _ in range(10):                # copies at large reliable, those of 1-token matches not
+        policy.acceptance.observe_block((True,) * 3, accepted=3)
+        policy.acceptance.observe_block((True,) * 3, accepted=3)
+        policy.acceptance.observe_block((True,) * 3, accepted=1, ngram=1)
+    before = policy.acceptance.lookup_acceptance(1)
+    assert before < policy.acceptance.lookup_acceptance()
+    d = policy.next_k(3, lookup_available=3, lookup_ngram=1, local_lookup=True, ready=(True, True, True))
+    assert d.source == "ahead"
+    policy.observe(RoundFigures(width=d.k, accepted=0, verify_ms=10.0 + d.k, round_ms=11.0 + d.k,
+                                from_lookup=(True,) * d.k, drafter_called=False))
+    after_ahead = policy.acceptance.lookup_acceptance(1)       # moved only with the copies at large, its prior
+    d = policy.next_k(3, lookup_available=3, lookup_ngram=1, local_lookup=True)
+    assert d.source == "copy" and d.k
+    policy.observe(RoundFigures(width=d.k, accepted=0, verify_ms=10.0 + d.k, round_ms=11.0 + d.k,
+                                from_lookup=(True,) * d.k, drafter_called=False))
+    after_copy = policy.acceptance.lookup_acceptance(1)
+    assert before - after_ahead < 0.01 < 5 * (before - after_ahead) < after_ahead - after_copy
+
+
 def test_long_block_when_verify_is_flat_and_acceptance_high():
     cost = cost_model({0: 10.0, 8: 10.4}, draft_per_token=0.2, plain_oh=0.2, spec_oh=0.5)
     assert choose_k(cost, flat_acceptance(0.9), 8).k >= 6
