@@ -114,9 +114,7 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
                     decision = policy.next_k(budget, len(looked), ngram, local, behind=proposer.behind(sequence),
                                              remaining=remaining, ready=proposer.ready(sequence))
                 k = decision.k if decision is not None else budget
-                # the gateway's copy, unless the choice found the block drafted ahead worth more
-                copy = looked if local and (decision is None or decision.source != "ahead") else ()
-                step = await proposer.propose(sequence, k, copy)
+                step = await proposer.propose(sequence, k, looked if local else ())
                 tv = time.perf_counter()
                 outcome = await verifier.verify(req.session_id, step.proposal.tokens, req.verifier_token)
                 verify_wall_ms = (time.perf_counter() - tv) * 1e3

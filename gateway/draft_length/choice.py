@@ -21,9 +21,6 @@ Tokens the drafter drafted ahead of this round, from the real context (``ready``
 gateway.proposal), are already at the gateway: a block of k <= len(ready) costs what a copied block costs
 (verify + the plain overhead, no drafter time, no round trip to the drafter), each token with the acceptance
 of its kind (a copy's, or the model position's); a longer one pays the drafter's time for its other tokens.
-Where a block of k could be either the gateway's copy or the tokens drafted ahead (they cost the same), it
-is the one expected to keep more (``Candidate.source``): a suffix drafter's path through a repeated answer
-beats a one-token lookup match that is usually wrong.
 
 A block that calls a drafter which is behind pays the catch-up (``CostModel.catch_up_ms``) in
 proportion to the share of the request's ``remaining`` tokens it is expected to bring, since the
@@ -56,15 +53,12 @@ def expected_prefixes(acceptances: Sequence[float]) -> list[float]:
 
 
 class Candidate(NamedTuple):
-    """One k the choice weighed (a tuple: every k up to the budget is built every round). ``source``: where
-    its block would come from: "copy" (the gateway's lookup copy), "ahead" (tokens drafted ahead), "" (the
-    drafter, or none for k = 0)."""
+    """One k the choice weighed (a tuple: every k up to the budget is built every round)."""
 
     k: int
     expected_tokens: float
     expected_ms: float
     tokens_per_ms: float
-    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -79,7 +73,6 @@ class Decision:
     tokens_per_ms: float
     candidates: tuple[Candidate, ...] = ()
     reason: str = "best"
-    source: str = ""                # the chosen candidate's (Candidate.source)
 
 
 def candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[int], lookup_available: int,
@@ -100,13 +93,11 @@ def candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[in
     out = []
     for k in ks:
         n_lookup = min(lookup, k)
-        tokens, ms, source = model[k], drafted[k], ""
+        tokens, ms = model[k], drafted[k]
         if local_lookup and 0 < k <= lookup:        # the gateway copies the block itself
-            tokens, ms, source = copies[k], copied_ms[k], "copy"
-            if k <= len(ready) and held[k] > tokens:     # unless the drafted-ahead block keeps more
-                tokens, source = held[k], "ahead"
+            tokens, ms = copies[k], copied_ms[k]
         elif 0 < k <= len(ready):                   # drafted ahead: already here
-            tokens, ms, source = held[k], copied_ms[k], "ahead"
+            tokens, ms = held[k], copied_ms[k]
         else:
             if k and ready:                         # the tokens drafted ahead cost nothing more
                 ms -= len(ready) * cost.draft_ms_per_token
@@ -117,7 +108,7 @@ def candidates(cost: CostModel, acceptance: AcceptanceEstimator, ks: Sequence[in
             if k and catch_up_ms:
                 ms += catch_up_ms * (min(1.0, tokens / remaining) if remaining > 0 else 1.0)
         ms = max(1e-9, ms)
-        out.append(Candidate(k, tokens, ms, tokens / ms, source))
+        out.append(Candidate(k, tokens, ms, tokens / ms))
     return tuple(out)
 
 
@@ -143,4 +134,4 @@ def choose_k(cost: CostModel, acceptance: AcceptanceEstimator, budget: int, look
         if c.tokens_per_ms > best.tokens_per_ms * (1.0 + 1e-9):
             best = c
     return Decision(best.k, best.expected_tokens, best.expected_ms, best.tokens_per_ms, cands,
-                    "best" if budget > 0 else "no-budget", best.source)
+                    "best" if budget > 0 else "no-budget")

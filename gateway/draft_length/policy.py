@@ -62,12 +62,10 @@ class _Learning:
         self._lookup_predicted = 0      # the last next_k's lookup tokens available
         self._lookup_ngram = 0          # and the n-gram length they were found by
         self._behind = 0                # the last next_k's context tokens unseen by the drafter
-        self._source = ""               # where the last next_k's block comes from (Decision.source)
 
     def _begin(self, budget: int, lookup_available: int, lookup_ngram: int, behind: int) -> tuple[int, float]:
         """Records the round's context; returns the budget and the drafter's catch-up ms."""
         self._behind = max(0, int(behind))
-        self._source = ""
         self._lookup_predicted = max(0, int(lookup_available))
         self._lookup_ngram = max(0, int(lookup_ngram)) if self._lookup_predicted else 0
         return max(0, int(budget)), self.cost.catch_up_ms(self._behind)
@@ -94,9 +92,7 @@ class _Learning:
             if flags != fig.from_lookup:
                 extra["from_lookup"] = flags
         if fig.width and self._lookup_predicted:
-            # the copies' acceptance is learned per match length, copied here or by the drafter; a block drafted
-            # ahead instead of the copy is not the match's (its copies count toward lookup tokens at large)
-            if not fig.lookup_ngram and self._source != "ahead":
+            if not fig.lookup_ngram:    # the copies' acceptance is learned per match length, copied here or not
                 extra["lookup_ngram"] = self._lookup_ngram
             # the lookup yield is the drafter's: a block the gateway copied itself says nothing about it
             if fig.speculative and not fig.lookup_predicted:
@@ -121,8 +117,7 @@ class PinnedDraftLength(_Learning):
         k = min(self.k, budget)
         c, = candidates(self.cost, self.acceptance, (k,), self._lookup_predicted, self._lookup_ngram, local_lookup,
                         catch_up, remaining, ready)
-        self._source = c.source
-        return Decision(k, c.expected_tokens, c.expected_ms, c.tokens_per_ms, (c,), "pinned", c.source)
+        return Decision(k, c.expected_tokens, c.expected_ms, c.tokens_per_ms, (c,), "pinned")
 
     @property
     def expects_drafting(self) -> bool:
@@ -187,9 +182,7 @@ class AutoDraftLength(_Learning):
         room = (budget, self._lookup_predicted, self._lookup_ngram, local_lookup, tuple(ready[:budget]))
         held = self._held.next_round(room, catch_up)
         d = held if held is not None and not self._prober.due() else self._weigh(room, catch_up, remaining)
-        d = self._prober.step(d, budget, self._lookup_predicted if local_lookup else 0, self.acceptance)
-        self._source = d.source
-        return d
+        return self._prober.step(d, budget, self._lookup_predicted if local_lookup else 0, self.acceptance)
 
     @property
     def expects_drafting(self) -> bool:

@@ -8,10 +8,9 @@ import asyncio
 
 import pytest
 
-from gateway.draft_length import Decision
 from gateway.rounds import Request, generate_rounds
 from inprocess import LocalAheadDrafter, LocalVerifier
-from tandem.types import LookupRule, SamplingParams
+from tandem.types import SamplingParams
 from test_exactness import ALPHA, PROMPT, SAMPLING, chi_square_p, drafter, exact_joint, target  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -44,40 +43,3 @@ def test_blocks_drafted_ahead_keep_the_target_distribution(target, drafter):
     counts, sources = draw_ahead(target, drafter, N, SAMPLING)
     assert sources.get("ahead", 0) > N // 20 and sources.get("wait", 0) > N // 20, sources
     assert chi_square_p(counts, exact_joint(target, SAMPLING), N) > ALPHA
-
-
-class Chooses:
-    """A draft-length policy that takes a block of 1 from ``source`` every round (the choice's Decision.source)."""
-
-    expects_drafting = True
-
-    def __init__(self, source):
-        self.source = source
-
-    def next_k(self, budget, lookup_available=0, lookup_ngram=0, local_lookup=False, behind=0, remaining=0, ready=()):
-        return Decision(min(1, budget), 1.0, 1.0, 1.0, (), "best", self.source)
-
-    def observe(self, fig):
-        pass
-
-
-@pytest.mark.parametrize("source, used", [("copy", {"copy"}), ("ahead", {"ahead", "wait"})])
-def test_the_round_takes_the_block_the_choice_chose(target, drafter, source, used):
-    """Every token of the prompt appears in it, so the gateway's lookup always has a match to copy: a round takes
-    it when the choice says so, and the block drafted ahead when the choice found that worth more."""
-    verifier, local = LocalVerifier(target), LocalAheadDrafter(drafter)
-    vocab = target.info.vocab_size
-    prompt = tuple(range(vocab)) + tuple(range(vocab))
-
-    async def run():
-        req = Request(f"choose-{source}", prompt, 6, SamplingParams(), 1, frozenset(), 4 * vocab,
-                      lookup=LookupRule(4, 1))
-        out = []
-        async for rnd in generate_rounds(req, verifier, local, Chooses(source)):
-            if rnd.index and rnd.k:             # the last round has no room to draft
-                out.append(rnd.source)
-        await verifier.end(req.session_id)
-        return out
-
-    sources = asyncio.run(run())
-    assert sources and set(sources) <= used, sources

@@ -74,56 +74,6 @@ def test_tokens_drafted_ahead_cost_neither_drafter_time_nor_the_round_trip():
     assert d.candidates[3].expected_ms == pytest.approx(1 * 4.0 + 13.0 + 10.5)
 
 
-def test_a_block_drafted_ahead_that_keeps_more_takes_the_round_from_the_gateways_copy():
-    """Where a block of k could be the gateway's own lookup copy or the tokens drafted ahead (both cost a copied
-    round), the choice takes the one expected to keep more: a suffix drafter's path through a repeated answer
-    over a one-token lookup match, and the copy where its match is the surer one."""
-    cost = cost_model({0: 10.0, 1: 11.0, 2: 12.0, 3: 13.0}, draft_per_token=4.0, plain_oh=0.5, spec_oh=10.5)
-    acc = flat_acceptance(0.6, lookup=0.9)
-    for _ in range(30):                            # 1-token matches are usually wrong, other copies right
-        acc.observe_block((True, True), accepted=0, ngram=1)
-        for _ in range(4):
-            acc.observe_block((True, True), accepted=2)
-    assert acc.lookup_acceptance(1) < 0.2 < 0.8 < acc.lookup_acceptance()
-    ahead = choose_k(cost, acc, 3, lookup_available=2, lookup_ngram=1, local_lookup=True, ready=(True, True, True))
-    assert ahead.k >= 2 and ahead.source == "ahead"
-    assert ahead.candidates[2].expected_tokens == pytest.approx(expected_tokens([acc.lookup_acceptance()] * 2))
-    for _ in range(60):                            # now the matches hold and the other copies fail
-        acc.observe_block((True, True), accepted=2, ngram=1)
-        for _ in range(4):
-            acc.observe_block((True, True), accepted=0)
-    assert acc.lookup_acceptance() < 0.5 < 0.8 < acc.lookup_acceptance(1)
-    copy = choose_k(cost, acc, 2, lookup_available=2, lookup_ngram=1, local_lookup=True, ready=(True, True))
-    assert copy.k == 2 and copy.source == "copy"
-    # without tokens drafted ahead a block within the match is the copy, beyond it the drafter's
-    alone = choose_k(cost, acc, 3, lookup_available=2, lookup_ngram=1, local_lookup=True)
-    assert [c.source for c in alone.candidates] == ["", "copy", "copy", ""]
-
-
-def test_a_block_drafted_ahead_in_place_of_the_copy_does_not_teach_the_matchs_acceptance():
-    """A round that took the tokens drafted ahead over the gateway's copy learns nothing about copies found by
-    that match's length (the tokens were not the match's); a round that took the copy does."""
-    cost = cost_model({w: 10.0 + w for w in range(5)}, plain_oh=0.5)
-    policy = AutoDraftLength(cost, AcceptanceEstimator(default=0.5, default_lookup=0.5, share=False))
-    for _ in range(10):                # copies at large reliable, those of 1-token matches not
-        policy.acceptance.observe_block((True,) * 3, accepted=3)
-        policy.acceptance.observe_block((True,) * 3, accepted=3)
-        policy.acceptance.observe_block((True,) * 3, accepted=1, ngram=1)
-    before = policy.acceptance.lookup_acceptance(1)
-    assert before < policy.acceptance.lookup_acceptance()
-    d = policy.next_k(3, lookup_available=3, lookup_ngram=1, local_lookup=True, ready=(True, True, True))
-    assert d.source == "ahead"
-    policy.observe(RoundFigures(width=d.k, accepted=0, verify_ms=10.0 + d.k, round_ms=11.0 + d.k,
-                                from_lookup=(True,) * d.k, drafter_called=False))
-    after_ahead = policy.acceptance.lookup_acceptance(1)       # moved only with the copies at large, its prior
-    d = policy.next_k(3, lookup_available=3, lookup_ngram=1, local_lookup=True)
-    assert d.source == "copy" and d.k
-    policy.observe(RoundFigures(width=d.k, accepted=0, verify_ms=10.0 + d.k, round_ms=11.0 + d.k,
-                                from_lookup=(True,) * d.k, drafter_called=False))
-    after_copy = policy.acceptance.lookup_acceptance(1)
-    assert before - after_ahead < 0.01 < 5 * (before - after_ahead) < after_ahead - after_copy
-
-
 def test_long_block_when_verify_is_flat_and_acceptance_high():
     cost = cost_model({0: 10.0, 8: 10.4}, draft_per_token=0.2, plain_oh=0.2, spec_oh=0.5)
     assert choose_k(cost, flat_acceptance(0.9), 8).k >= 6
