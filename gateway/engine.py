@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from gateway import tracing
 from gateway.config import LOOKUP_ONLY_NAME, LOOKUP_ONLY_RULE, GatewayConfig
 from gateway.detokenizer import IncrementalDetokenizer, skipped_ids
-from gateway.draft_length import (AcceptanceEstimator, AutoDraftLength, CostModel, DraftLengthPolicy,
-                                  PinnedDraftLength, ProbeRule, ProbeSchedule)
+from gateway.draft_length import (COPYING_PRIOR_WEIGHT, PRIOR_WEIGHT, AcceptanceEstimator, AutoDraftLength,
+                                  CostModel, DraftLengthPolicy, PinnedDraftLength, ProbeRule, ProbeSchedule)
 from gateway.metrics import GatewayMetrics
 from gateway.ports import DrafterUnavailable
 from gateway.rounds import Request, generate_rounds
@@ -272,8 +272,11 @@ class Gateway:
 
     def draft_length_policy(self, pinned: int, sampling: SamplingParams) -> DraftLengthPolicy:
         """The request's draft-length choice: ``pinned`` k > 0 always drafts k; 0 chooses every round from the
-        gateway's measured costs and this session's acceptance (starting from the gateway-wide figures)."""
-        acceptance = AcceptanceEstimator(prior=self.acceptance[sampling.greedy])
+        gateway's measured costs and this session's acceptance (starting from the gateway-wide figures, which
+        count for less beside a model-free node: ``acceptance.COPYING_PRIOR_WEIGHT``)."""
+        copying = self._drafter_info is not None and self._drafter_info.model_free
+        acceptance = AcceptanceEstimator(prior=self.acceptance[sampling.greedy],
+                                         prior_weight=COPYING_PRIOR_WEIGHT if copying else PRIOR_WEIGHT)
         if pinned:
             return PinnedDraftLength(self.cost, acceptance, pinned)
         return AutoDraftLength(self.cost, acceptance, max_draft_length=self.config.max_draft_length,

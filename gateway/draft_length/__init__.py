@@ -32,13 +32,13 @@ block early on its own confidence: that uses q, never p.) For greedy decoding an
 target's argmax chain, so the output is token-for-token that of plain decoding.
 """
 
-from gateway.draft_length.acceptance import AcceptanceEstimator
+from gateway.draft_length.acceptance import COPYING_PRIOR_WEIGHT, PRIOR_WEIGHT, AcceptanceEstimator
 from gateway.draft_length.choice import Candidate, Decision, choose_k, expected_tokens
 from gateway.draft_length.cost import CostModel
 from gateway.draft_length.figures import RoundFigures
 from gateway.draft_length.policy import AutoDraftLength, DraftLengthPolicy, PinnedDraftLength
 from gateway.draft_length.probing import ProbeRule, ProbeSchedule
 
-__all__ = ["RoundFigures", "CostModel", "AcceptanceEstimator", "Candidate", "Decision", "choose_k",
-           "expected_tokens", "DraftLengthPolicy", "PinnedDraftLength", "AutoDraftLength", "ProbeRule",
-           "ProbeSchedule"]
+__all__ = ["PRIOR_WEIGHT", "COPYING_PRIOR_WEIGHT", "RoundFigures", "CostModel", "AcceptanceEstimator", "Candidate",
+           "Decision", "choose_k", "expected_tokens", "DraftLengthPolicy", "PinnedDraftLength", "AutoDraftLength",
+           "ProbeRule", "ProbeSchedule"]

@@ -17,7 +17,12 @@ the first rejection is not observed.
 
 A session's estimator starts from a gateway-wide one (its ``prior``) as pseudo-observations that decay
 like real ones, so its first rounds are sane and its own rounds take over within a few; ``relax`` moves
-stale session evidence back toward the prior on rounds that observe nothing.
+stale session evidence back toward the prior on rounds that observe nothing. Beside a model-free node
+(suffix drafting) the prior counts for less (``COPYING_PRIOR_WEIGHT``): whether its tokens are right depends
+on whether this request's text passed through the node before, which other requests' rounds do not say. With
+the default weight, after its first requests' blocks were rejected (new text), the gateway-wide figure kept
+later sessions on plain steps even where the node held their whole answer, and one probe block that was all
+accepted did not win them back (BENCHMARKS.md, twenty-third session).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from gateway.draft_length.figures import RoundFigures
 
 _A_MIN, _A_MAX = 1e-3, 0.995
 NGRAM_BUCKETS = 4               # lookup acceptance per match length 1, 2, 3 and 4+
+PRIOR_WEIGHT = 3.0              # pseudo-observations a session's estimates start with from the gateway-wide ones
+COPYING_PRIOR_WEIGHT = 0.3      # beside a model-free (suffix) node: the session's first block outweighs them
 
 
 def _bucket(ngram: int) -> int:
@@ -70,7 +77,7 @@ class AcceptanceEstimator:
     ``observe`` also feeds the prior when ``share`` is set (the gateway-wide figures follow every session).
     """
 
-    def __init__(self, alpha: float = 0.1, prior: "AcceptanceEstimator | None" = None, prior_weight: float = 3.0,
+    def __init__(self, alpha: float = 0.1, prior: "AcceptanceEstimator | None" = None, prior_weight: float = PRIOR_WEIGHT,
                  default: float = 0.6, default_lookup: float = 0.8, share: bool = True):
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")

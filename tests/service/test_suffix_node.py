@@ -62,6 +62,22 @@ def test_the_node_is_model_free_and_proposes_suffix_copies_or_nothing(node):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_sessions_beside_the_node_trust_their_own_rounds_sooner(stack, tiny_target_dir, tiny_drafter_onnx):
+    """Beside the model-free node a session's acceptance starts from the gateway-wide figures at a lighter
+    weight than beside a model drafter (gateway/draft_length/acceptance.py)."""
+    from drafter_service.onnx_drafter import OnnxDrafter
+    from gateway.draft_length import COPYING_PRIOR_WEIGHT, PRIOR_WEIGHT
+    from tandem.types import SamplingParams
+    from verifier_service.target import Target
+
+    assert stack.gateway.draft_length_policy(0, SamplingParams()).acceptance.prior_weight == COPYING_PRIOR_WEIGHT
+    model = Stack(Target.load(str(tiny_target_dir)), OnnxDrafter(tiny_drafter_onnx, threads=1))
+    try:
+        assert model.gateway.draft_length_policy(0, SamplingParams()).acceptance.prior_weight == PRIOR_WEIGHT
+    finally:
+        model.close()
+
+
 @pytest.mark.parametrize("draft_length", [4, 0])
 def test_greedy_output_is_plain_decodings_and_repeated_traffic_is_drafted(stack, draft_length):
     """Pinned k and auto: the first request drafts from its own text only, the second one (the same prompt:

@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from gateway.draft_length import (AcceptanceEstimator, AutoDraftLength, CostModel, PinnedDraftLength, ProbeRule,
-                                  ProbeSchedule, RoundFigures, choose_k, expected_tokens)
+from gateway.draft_length import (COPYING_PRIOR_WEIGHT, PRIOR_WEIGHT, AcceptanceEstimator, AutoDraftLength,
+                                  CostModel, PinnedDraftLength, ProbeRule, ProbeSchedule, RoundFigures, choose_k,
+                                  expected_tokens)
 from tandem.types import DraftToken, Proposal, VerifyOutcome
 
 
@@ -72,6 +73,23 @@ def test_tokens_drafted_ahead_cost_neither_drafter_time_nor_the_round_trip():
     assert copies.candidates[2].expected_tokens == pytest.approx(1 + 0.9 + 0.81)
     # beyond the ready tokens a block pays the drafter for the rest only (and its round trip)
     assert d.candidates[3].expected_ms == pytest.approx(1 * 4.0 + 13.0 + 10.5)
+
+
+def test_beside_a_copying_node_one_kept_block_wins_a_session_back_from_the_gateways_figures():
+    """A suffix node's tokens are right on text it saw before and wrong on new text. After many rejected blocks
+    (new text) the gateway-wide figures are near 0; a session whose first block was all kept (a repeated
+    answer) trusts its own round beside such a node, and hardly moves with the default weight of the prior."""
+    gateway = AcceptanceEstimator(alpha=0.02)
+    for _ in range(200):
+        gateway.observe_block((False,) * 4, accepted=0)
+
+    def after_one_kept_block(weight):
+        session = AcceptanceEstimator(prior=gateway, prior_weight=weight, share=False)
+        session.observe_block((False,) * 4, accepted=4)
+        return session.model_acceptances(4)
+
+    assert min(after_one_kept_block(COPYING_PRIOR_WEIGHT)) > 0.7
+    assert max(after_one_kept_block(PRIOR_WEIGHT)) < 0.3
 
 
 def test_long_block_when_verify_is_flat_and_acceptance_high():
