@@ -33,6 +33,8 @@ from tandem.types import DraftToken, SamplingParams
 MAX_AHEAD = 64                      # the most tokens a gateway may ask to be kept drafted
 FIRST_CHUNK = 1                     # tokens drafted by the first call after a new path: out as soon as possible
 CHUNK = 4                           # then up to this many a call (fewer Python round trips; a sync waits at most one)
+# A model-free drafter (suffix drafting) copies its path from text: a call costs about the same for one token or
+# for all it has, so it drafts once a sync, everything it offers, in one message (then waits for the next sync).
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Chunk:
     position: int
     tokens: tuple[DraftToken, ...]
     compute_ms: float
+    last: bool = False          # nothing more for this context until the next sync (an empty chunk is last too)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -60,6 +63,8 @@ class AheadPath:
 
     def __init__(self, drafter, session_id: str, token: str, sampling: SamplingParams):
         self.drafter, self.session_id, self.token, self.sampling = drafter, session_id, token, sampling
+        info = getattr(drafter, "info", None)
+        self._copies = bool(getattr(info, "model_free", False))     # drafts by copying: no chunking
         self.context: list[int] = []            # the real context, as the gateway sent it
         self.path: list[DraftToken] = []        # drafted beyond it
         self.path_id = 0
@@ -102,14 +107,16 @@ class AheadPath:
             return 0 if self._stalled else max(0, self.ahead - len(self.path))
 
     def draft(self) -> Chunk | None:
-        """Drafts the next tokens of the path (one after a new path, then up to ``CHUNK``) and appends them;
+        """Drafts the next tokens of the path (one after a new path, then up to ``CHUNK``; a model-free drafter,
+        once a sync, all it offers up to what is wanted) and appends them;
         returns them (no tokens: the drafter has nothing more to offer for this context until the next sync),
         or None when a sync moved the path meanwhile (the tokens are then void) or there was nothing to draft."""
         with self._lock:
             n = 0 if self._stalled else self.ahead - len(self.path)
             if n <= 0:
                 return None
-            n = min(n, FIRST_CHUNK if not self.path else CHUNK)
+            if not self._copies:
+                n = min(n, FIRST_CHUNK if not self.path else CHUNK)
             path_id = self.path_id
             real = len(self.context)
             full = self.context + [t.token_id for t in self.path]
@@ -124,10 +131,12 @@ class AheadPath:
                 return None
             if not proposal.tokens:
                 self._stalled = True                        # e.g. the end of the context: until the next sync
-                return Chunk(path_id, len(full), (), ms)    # says so: the gateway stops waiting for more
+                return Chunk(path_id, len(full), (), ms, True)  # says so: the gateway stops waiting for more
             tokens = tuple(proposal.tokens[:n])
             self.path.extend(tokens)
-            return Chunk(path_id, len(full), tokens, ms)
+            # a copier offered all it has for this context; the chunk says so when that was less than wanted
+            self._stalled = self._copies
+            return Chunk(path_id, len(full), tokens, ms, self._copies and len(tokens) < n)
 
     def finish(self) -> None:
         """The stream ends: the drafter follows the real context to its end (what was emitted after the last

@@ -60,7 +60,7 @@ class DrafterServicer(drafter_grpc.DrafterServicer):
                     chunk = await asyncio.to_thread(path.draft)
                     if chunk is not None:
                         self.metrics.proposed(len(chunk.tokens), chunk.compute_ms)
-                        yield drafter_pb2.DraftChunk(path_id=chunk.path_id, position=chunk.position,
+                        yield drafter_pb2.DraftChunk(path_id=chunk.path_id, position=chunk.position, last=chunk.last,
                                                      tokens=draft_to_pb(chunk.tokens), compute_ms=chunk.compute_ms)
                 if reader.done():
                     break

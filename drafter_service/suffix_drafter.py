@@ -27,7 +27,9 @@ whether such text passed through the drafter (a timing side channel). ``session`
 
 Exact: the proposal is a deterministic function of the context and of text the drafter saw before
 (never of the target's probabilities for the block), reported with q = a point mass, as prompt lookup's
-copies are (``from_lookup`` True, ``origin`` "suffix").
+copies are (``from_lookup`` True, ``origin`` "suffix"). Each copy also says how long a match it stands on
+(``match_length``: the context's matched suffix plus the copies before it in the block): the gateway learns
+how often copies are kept per match length, so a copy of text seen before word for word is priced as such.
 """
 
 from __future__ import annotations
@@ -133,7 +135,9 @@ class SuffixDrafter(ContextDrafter):
         """The suffix continuation (possibly none), then the inner drafter for the rest of the block."""
         _sync(state)
         found = state.index.propose(context, k, own=state.seq)
-        tokens = [dataclasses.replace(t, origin="suffix") for t in lookup_proposal(found.tokens, sampling)]
+        # each copy with the tokens before it that agreed with its source: the match, then the copies before it
+        tokens = [dataclasses.replace(t, origin="suffix", match_length=found.match + j)
+                  for j, t in enumerate(lookup_proposal(found.tokens, sampling))]
         if self.inner is None or len(tokens) == k:
             return tokens
         return tokens + self.inner.draft_block(state.inner, context + list(found.tokens), k - len(tokens), sampling,

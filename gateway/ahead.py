@@ -26,17 +26,17 @@ class DraftedPath:
         self.tokens: list[DraftToken] = []
         self.stalled = False                # the drafter has nothing more for this path (an empty chunk at its end)
 
-    def receive(self, path_id: int, position: int, tokens: Sequence[DraftToken]) -> None:
-        """Adds a chunk: a newer path replaces the held one; the held path's next chunk extends it (an empty one
-        says the drafter offers nothing more for it until told more context); anything else (a chunk of a
-        dropped path, a gap) is ignored."""
+    def receive(self, path_id: int, position: int, tokens: Sequence[DraftToken], last: bool = False) -> None:
+        """Adds a chunk: a newer path replaces the held one; the held path's next chunk extends it (an empty one,
+        or one marked ``last``, says the drafter offers nothing more for it until told more context); anything
+        else (a chunk of a dropped path, a gap) is ignored."""
         if path_id > self.path_id:
             self.path_id, self.position, self.tokens = path_id, position, list(tokens)
         elif path_id == self.path_id and position == self.position + len(self.tokens):
             self.tokens.extend(tokens)
         else:
             return
-        self.stalled = not tokens
+        self.stalled = not tokens or last
 
     @property
     def end(self) -> int:

@@ -220,6 +220,7 @@ class AheadStream:
             self._raise()
             raise DrafterUnavailable(f"drafter {self.client.address}: DraftAhead stream closed ({exc!r})") from exc
         self._sent = len(sequence)
+        self.path.stalled = False       # what the drafter said it had no more of, it reconsiders with this context
 
     def usable(self, sequence: Sequence[int]) -> list[DraftToken]:
         """The drafted tokens a round may propose after ``sequence`` now (drafted from exactly that context)."""
@@ -275,7 +276,7 @@ class AheadStream:
     async def _read(self) -> None:
         try:
             async for chunk in self._call:
-                self.path.receive(chunk.path_id, chunk.position, draft_from_pb(chunk.tokens))
+                self.path.receive(chunk.path_id, chunk.position, draft_from_pb(chunk.tokens), chunk.last)
                 self.compute_ms += chunk.compute_ms
                 self._arrived.set()
             self._error = DrafterUnavailable(f"drafter {self.client.address}: DraftAhead stream ended")

@@ -338,6 +338,8 @@ class Gateway:
                           lookup=self._lookup_rule(drafter, copying),
                           local_lookup=self.config.local_lookup,
                           draft_ahead=ahead, plain_ahead=self.config.plain_ahead if ahead else 0,
+                          follow_paths=ahead and drafter is not None and self._drafter_info is not None
+                          and self._drafter_info.model_free,
                           drafter_timeout_s=getattr(drafter, "timeout_s", 15.0), cache_salt=params.cache_salt)
         generated: list[int] = []
         detokenizer = IncrementalDetokenizer(self.tokenizer, skip_ids=self._skip_ids)   # new text only, each round

@@ -11,6 +11,13 @@ For a round that drafts k tokens (k chosen by the draft-length policy), in order
 3. a **Propose** call (drafters without DraftAhead, in-process adapters): the drafter syncs to the sequence it
    is sent (only what it has not seen), drafts, and replies; a drafter that lost the session gets it all again.
 
+A model-free node (suffix drafting: its blocks are copies of text, drafting costs it next to nothing) is
+followed differently (``follow_paths``): it is asked to keep as long a path as it can ahead of the sequence
+(``AHEAD_MAX``), from the prompt on, plain steps or not, and a round only ever proposes what is already at the
+gateway (``ready``): its link and its work are off the critical path entirely. Each copy says how long a
+match it stands on, so the choice of k prices a path of text seen before word for word as such. The gateway
+syncs it when its path was left or runs short, and in a plain streak every ``COPIER_FOLLOW_EVERY`` tokens.
+
 Whatever the drafter sends is checked before the verifier sees it (``check_proposal``). A drafter that fails or
 misbehaves in any way costs speed, never the request: the step reports a fallback, and the request goes on
 decoding with the target alone.
@@ -28,10 +35,12 @@ from gateway.ports import AheadPort, DrafterLostSession, DrafterPort, DrafterUna
 from tandem.draft_checks import check_draft
 from tandem.errors import CapacityExceeded, InvalidInput
 from tandem.lookup import lookup_proposal
-from tandem.types import Proposal, SamplingParams
+from tandem.types import DraftToken, Proposal, SamplingParams
 
 AHEAD_MAX = 64          # the most tokens a stream is asked to keep drafted (the drafter's own bound)
 FOLLOW_EVERY = 32       # in a plain streak the drafter is told the new text every this many tokens, not every round
+COPIER_FOLLOW_EVERY = 4  # ... a model-free node, whose path is the gateway's only source of its blocks
+COPIER_REFILL = 16      # a model-free node's path is synced (and so extended) once fewer tokens are held
 
 
 def check_proposal(proposal: Proposal, k: int, vocab_size: int, sampled: bool) -> None:
@@ -67,21 +76,29 @@ class Proposer:
 
     def __init__(self, session_id: str, token: str, sampling: SamplingParams, drafter: DrafterPort | None,
                  vocab_size: int = 0, min_confidence: float = 0.0, timeout_s: float = 15.0, ahead: bool = True,
-                 plain_ahead: int = 0):
+                 plain_ahead: int = 0, follow_paths: bool = False):
         """``token``: the drafter session's secret; ``vocab_size``: the target's (drafted ids are checked
         against it); ``timeout_s``: the longest a round waits for streamed tokens; ``ahead``: use the drafter's
         DraftAhead stream where it serves one; ``plain_ahead``: tokens it keeps drafted while rounds are plain
-        steps (``advance``)."""
+        steps (``advance``); ``follow_paths``: a model-free node, followed as the module docstring says."""
         self.session_id, self.token, self.sampling = session_id, token, sampling
         self.drafter = drafter
         self.vocab_size, self.min_confidence, self.timeout_s = vocab_size, min_confidence, timeout_s
         self.plain_ahead = max(0, min(AHEAD_MAX, int(plain_ahead)))
         # the confidence stop is the drafter's, per Propose call: such requests ask with Propose
         self._use_ahead = ahead and not min_confidence and hasattr(drafter, "open_ahead")
+        self._follow_paths = follow_paths and self._use_ahead
+        self._held = False          # the last ready() found tokens of the path along the sequence
+        self._lost = ""             # why the stream of a followed node failed (reported by the next propose)
         self._stream: AheadPort | None = None
         self._seen = 0              # len(sequence) when the drafter last read it (through Propose or the stream)
         self._followed = 0          # len(sequence) at the stream's last message
         self._following = False     # that message asked for nothing drafted (a plain streak)
+
+    @property
+    def follows_paths(self) -> bool:
+        """Whether the drafter is followed as a model-free node (the module docstring): blocks only from its path."""
+        return self._follow_paths and self.drafter is not None
 
     async def start(self, prompt: Sequence[int], k: int) -> None:
         """Before the prefill: a drafting-ahead drafter reads the prompt and drafts its continuation while the
@@ -90,10 +107,10 @@ class Proposer:
             return
         self._stream = self.drafter.open_ahead(self.session_id, self.token, self.sampling)
         if self._stream is None:
-            self._use_ahead = False
+            self._use_ahead = self._follow_paths = False
             return
         try:
-            await self._stream.sync(prompt, max(_depth(k) + 1, self.plain_ahead))
+            await self._stream.sync(prompt, AHEAD_MAX if self._follow_paths else max(_depth(k) + 1, self.plain_ahead))
         except DrafterUnavailable:
             return                  # the first propose reports it (or falls back to Propose)
         self._seen = len(prompt)
@@ -103,21 +120,29 @@ class Proposer:
         """Context tokens the drafter has not read: it reads them before it drafts."""
         return len(sequence) - self._seen
 
-    def ready(self, sequence: Sequence[int]) -> tuple[bool, ...]:
-        """The drafted-ahead tokens a block could propose after ``sequence`` without waiting: each one's copy
-        flag (a point mass copied from text, or a model token)."""
+    def ready(self, sequence: Sequence[int]) -> tuple[DraftToken, ...]:
+        """The drafted-ahead tokens a block could propose after ``sequence`` without waiting (each says whether
+        it is a copy, and a suffix copy its match length)."""
         if self._stream is None:
             return ()
         try:
-            return tuple(t.from_lookup for t in self._stream.usable(sequence))
-        except DrafterUnavailable:
-            return ()               # the next propose reports it
+            held = tuple(self._stream.usable(sequence))
+        except DrafterUnavailable as exc:
+            self._lost = str(exc)   # the next propose reports it
+            return ()
+        self._held = bool(held)
+        return held
 
     # ---- the block ---------------------------------------------------------------------------------
-    async def propose(self, sequence: list[int], k: int, copy: Sequence[int] = ()) -> ProposalStep:
+    async def propose(self, sequence: list[int], k: int, copy: Sequence[int] = (), prefer_ready: bool = False
+                      ) -> ProposalStep:
         """The round's block of at most k tokens after ``sequence``; ``copy``: lookup tokens the gateway may
-        copy itself (a block of k <= len(copy) is copied)."""
-        if 0 < k <= len(copy):
+        copy itself (a block of k <= len(copy) is copied, unless ``prefer_ready``: the tokens drafted ahead)."""
+        if self._lost and self.drafter is not None:     # a followed node's stream failed: the request goes on
+            await self.close()                          # without it (a followed node is never asked for more)
+            self.drafter = None
+            return ProposalStep(Proposal(()), "", 0.0, fallback=f"drafter unavailable: {self._lost}")
+        if 0 < k <= len(copy) and not prefer_ready:
             return ProposalStep(Proposal(tuple(lookup_proposal(copy[:k], self.sampling))), "copy")
         if k <= 0 or self.drafter is None:
             return ProposalStep(Proposal(()))
@@ -183,6 +208,9 @@ class Proposer:
         when a block is wanted."""
         if self._stream is None:
             return
+        if self._follow_paths:
+            await self._follow(sequence, next_k > 0)
+            return
         depth = _depth(next_k) if next_k > 0 else self.plain_ahead
         if depth <= 0 and self._following and len(sequence) - self._followed < FOLLOW_EVERY:
             return
@@ -190,6 +218,26 @@ class Proposer:
             await self._sync(sequence, depth)
         except DrafterUnavailable:
             return                  # the next propose reports it
+
+    async def _follow(self, sequence: Sequence[int], drafted: bool) -> None:
+        """A model-free node after a round: synced (asked for ``AHEAD_MAX`` tokens beyond the sequence) after a
+        round that drafted or left its path, unless it still holds ``COPIER_REFILL`` tokens along the sequence;
+        in a plain streak, every ``COPIER_FOLLOW_EVERY`` tokens (a message each way costs both boxes CPU)."""
+        had, self._held = self._held, False
+        try:
+            held = self._stream.usable(sequence)
+        except DrafterUnavailable as exc:
+            self._lost = str(exc)   # the next propose reports it
+            return
+        if len(held) >= COPIER_REFILL:
+            return
+        left = had and not held     # the sequence left the path (or ran past its end)
+        if not (drafted or left or len(sequence) - self._followed >= COPIER_FOLLOW_EVERY):
+            return
+        try:
+            await self._sync(sequence, AHEAD_MAX)
+        except DrafterUnavailable as exc:
+            self._lost = str(exc)
 
     async def _sync(self, sequence: Sequence[int], depth: int) -> None:
         """Sends the stream ``sequence`` and the tokens to keep drafted beyond it; a drafter asked to draft

@@ -60,6 +60,7 @@ class Request:
     local_lookup: bool = True            # a block that rule supplies whole, unchecked, is copied here
     draft_ahead: bool = True             # the drafter drafts the next block while the verifier checks this one
     plain_ahead: int = 0                 # and keeps this many tokens drafted while rounds are plain steps
+    follow_paths: bool = False           # a model-free node: blocks only from its path, never waited for
     drafter_timeout_s: float = 15.0      # the longest a round waits for drafted tokens
     lookup_only: bool = False            # no drafter: a round drafts only what lookup supplies, copied here
     cache_salt: str = ""                 # the verifier's prefix cache is shared only within one salt
@@ -73,7 +74,7 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
     rule = req.lookup
     lookup = LookupIndex(rule.max_ngram, rule.min_ngram) if rule is not None and rule.max_ngram > 0 else None
     proposer = Proposer(req.session_id, req.drafter_token, req.sampling, drafter, req.vocab_size, req.min_confidence,
-                        req.drafter_timeout_s, req.draft_ahead, req.plain_ahead)
+                        req.drafter_timeout_s, req.draft_ahead, req.plain_ahead, req.follow_paths)
     remaining = req.max_tokens
 
     try:
@@ -81,7 +82,7 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
         # the first round's room to draft: the drafter reads the prompt during the prefill if it will draft
         first_budget = min(req.k, req.max_tokens - 2, req.max_context - len(sequence) - 2)
         with telemetry.span("prefill", {"tandem.prompt_tokens": len(req.prompt_ids)}, req.trace_context):
-            if policy is None or policy.expects_drafting or proposer.plain_ahead:
+            if policy is None or policy.expects_drafting or proposer.plain_ahead or proposer.follows_paths:
                 await proposer.start(sequence, first_budget)
             first, prefill_ms = await verifier.start(req.session_id, req.prompt_ids, req.sampling, req.verifier_token,
                                                      req.k, cache_salt=req.cache_salt)
@@ -107,14 +108,19 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
                 # are nearly free and often accepted, so they change the best k
                 looked, ngram = lookup.find(sequence, budget) if budget > 0 and lookup is not None else ([], 0)
                 local = (req.local_lookup or req.lookup_only) and bool(looked) and rule.copies_unchecked(ngram)
+                ready = proposer.ready(sequence) if budget > 0 else ()
                 if proposer.drafter is None:
                     budget = len(looked) if local else 0     # no drafter: nothing but a copy can be proposed
+                elif proposer.follows_paths:                 # a model-free node: what is here already, or a copy
+                    budget = min(budget, max(len(ready), len(looked) if local else 0))
                 decision = None
                 if policy is not None and (proposer.drafter is not None or req.lookup_only):
                     decision = policy.next_k(budget, len(looked), ngram, local, behind=proposer.behind(sequence),
-                                             remaining=remaining, ready=proposer.ready(sequence))
+                                             remaining=remaining, ready=tuple(t.from_lookup for t in ready),
+                                             ready_matches=tuple(t.match_length for t in ready))
                 k = decision.k if decision is not None else budget
-                step = await proposer.propose(sequence, k, looked if local else ())
+                step = await proposer.propose(sequence, k, looked if local else (),
+                                              prefer_ready=decision is not None and decision.ready)
                 tv = time.perf_counter()
                 outcome = await verifier.verify(req.session_id, step.proposal.tokens, req.verifier_token)
                 verify_wall_ms = (time.perf_counter() - tv) * 1e3

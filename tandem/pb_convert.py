@@ -22,13 +22,15 @@ def sampling_to_pb(params: SamplingParams) -> common_pb2.SamplingParams:
 
 
 def draft_from_pb(tokens: Iterable[common_pb2.DraftToken]) -> list[DraftToken]:
-    return [DraftToken(t.token_id, tuple(t.support_ids), tuple(t.support_probs), t.from_lookup, t.origin)
+    return [DraftToken(t.token_id, tuple(t.support_ids), tuple(t.support_probs), t.from_lookup, t.origin,
+                       t.match_length)
             for t in tokens]
 
 
 def draft_to_pb(tokens: Iterable[DraftToken]) -> list[common_pb2.DraftToken]:
     return [common_pb2.DraftToken(token_id=t.token_id, support_ids=t.support_ids, support_probs=t.support_probs,
-                                  from_lookup=t.from_lookup, origin=t.origin)
+                                  from_lookup=t.from_lookup, origin=t.origin,
+                                  match_length=t.match_length)
             for t in tokens]
 
 

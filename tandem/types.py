@@ -66,6 +66,9 @@ class DraftToken:
     greedy drafts, where only the token id matters. ``from_lookup``: the token was copied, not drawn
     from a model (q a point mass); ``origin`` says from where: "lookup" (prompt lookup, the default for a
     copied token) or "suffix" (suffix drafting over the drafter's traffic); "" for a model's draft.
+    ``match_length``: for a suffix copy, the tokens before it that agreed with the text it was copied from
+    (the context's matched suffix plus the block's copies before it; 0: not reported). A long match is
+    usually right, a short one often not: the gateway prices a copy by it.
     """
 
     token_id: int
@@ -73,6 +76,7 @@ class DraftToken:
     support_probs: tuple[float, ...] = ()
     from_lookup: bool = False       # copied (prompt lookup, suffix drafting): q a point mass
     origin: str = ""                # "" (a model's draft), "lookup" or "suffix"
+    match_length: int = 0           # a suffix copy's matched tokens before it (0: not reported)
 
     def __post_init__(self):
         if self.from_lookup and not self.origin:

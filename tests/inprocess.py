@@ -54,10 +54,11 @@ class LocalAhead:
     async def sync(self, sequence, ahead):
         self.path.sync(self.sent, list(sequence[self.sent:]), ahead)
         self.sent = len(sequence)
+        self.copy.stalled = False
         while self.path.wanted():
             chunk = self.path.draft()
             if chunk is not None:
-                self.copy.receive(chunk.path_id, chunk.position, chunk.tokens)
+                self.copy.receive(chunk.path_id, chunk.position, chunk.tokens, chunk.last)
 
     def usable(self, sequence):
         return self.copy.usable(sequence)

@@ -10,6 +10,11 @@ the first rejection is not observed.
 - Tokens copied by prompt lookup have their own acceptance, learned per length of the n-gram the match
   was found by (1, 2, 3 and 4+: a long match is usually right, a match on the last token alone often
   is not).
+- Copies a drafter found by matching text (suffix drafting) and reported with their match length (the
+  tokens before each that agreed with its source) have their own acceptance per match length (1-3, 4-7,
+  8-15, 16-31, 32+): a copy standing on 32 tokens of text seen before word for word is nearly always right,
+  one standing on 2 often is not, and the gateway sees the length before it chooses k (tokens drafted
+  ahead).
 - The lookup yield: the share of the lookup tokens the gateway predicted (it runs the drafter's lookup
   rule over the sequence it holds) that the drafter really sent as copies. A drafter that checks short
   matches against its model, or serves with lookup off, sends fewer; a predicted copy must not make a
@@ -38,8 +43,16 @@ PRIOR_WEIGHT = 3.0              # pseudo-observations a session's estimates star
 COPYING_PRIOR_WEIGHT = 0.3      # beside a model-free (suffix) node: the session's first block outweighs them
 
 
+MATCH_EDGES = (1, 4, 8, 16, 32)  # a suffix copy's acceptance per match length: [1, 4), [4, 8), ..., [32, inf)
+
+
 def _bucket(ngram: int) -> int:
     return min(max(0, int(ngram)), NGRAM_BUCKETS)
+
+
+def match_bucket(length: int) -> int:
+    """The bucket of a copy's match length: 1..len(MATCH_EDGES), 0 for none."""
+    return sum(1 for edge in MATCH_EDGES if length >= edge)
 
 
 @dataclass
@@ -87,6 +100,7 @@ class AcceptanceEstimator:
         self._lookup = _Slot(self.prior_weight)          # every lookup token
         self._lookup_by_n = {n: _Slot(self.prior_weight) for n in range(1, NGRAM_BUCKETS + 1)}   # per match length
         self._yield = _Slot(self.prior_weight)   # share of predicted lookup tokens that arrived as lookup copies
+        self._match = {b: _Slot(self.prior_weight) for b in range(1, len(MATCH_EDGES) + 1)}  # copies per match length
         self._version = 0                        # bumped by every change: model_acceptances is memoised on it
         self._memo: tuple | None = None
 
@@ -111,25 +125,30 @@ class AcceptanceEstimator:
         that observe nothing (plain rounds), so estimates that went stale while speculation was off
         drift back toward the gateway-wide figures instead of freezing at their last value."""
         self._version += 1
-        for slot in (*self._model, self._lookup, *self._lookup_by_n.values(), self._yield):
+        for slot in (*self._model, self._lookup, *self._lookup_by_n.values(), self._yield, *self._match.values()):
             if slot.n:                  # a slot with no evidence of its own has none to move
                 slot.relax(beta)
 
-    def observe_block(self, from_lookup: Sequence[bool], accepted: int, ngram: int = 0) -> None:
+    def observe_block(self, from_lookup: Sequence[bool], accepted: int, ngram: int = 0,
+                      matches: Sequence[int] = ()) -> None:
         """One verified block: flags per proposed token and the number accepted. Positions after the
         first rejection are not observed (the conditional is only defined given the prefix accepted).
-        ``ngram``: the length of the n-gram the gateway's lookup prediction was found by (0: unknown)."""
+        ``ngram``: the length of the n-gram the gateway's lookup prediction was found by (0: unknown);
+        ``matches``: per token, a copy's match length (> 0: learned per match length, not as a lookup copy)."""
         model_index = 0
         for i, lookup in enumerate(from_lookup):
             if i > accepted:
                 break
-            if lookup:
+            if lookup and i < len(matches) and matches[i] > 0:
+                self._version += 1
+                self._match[match_bucket(matches[i])].add(i < accepted, 1.0 - self.alpha)
+            elif lookup:
                 self._add_lookup(i < accepted, ngram)
             else:
                 self._add(model_index, i < accepted)
                 model_index += 1
         if self.share and self.prior is not None:
-            self.prior.observe_block(from_lookup, accepted, ngram)
+            self.prior.observe_block(from_lookup, accepted, ngram, matches)
 
     def observe_lookup_yield(self, predicted: int, from_lookup: Sequence[bool]) -> None:
         """A block drafted after the gateway predicted ``predicted`` (> 0) lookup tokens at its head:
@@ -148,7 +167,7 @@ class AcceptanceEstimator:
 
     def observe(self, fig: RoundFigures) -> None:
         if fig.width:
-            self.observe_block(fig.from_lookup or (False,) * fig.width, fig.accepted, fig.lookup_ngram)
+            self.observe_block(fig.from_lookup or (False,) * fig.width, fig.accepted, fig.lookup_ngram, fig.matches)
             if fig.lookup_predicted:
                 self.observe_lookup_yield(min(fig.lookup_predicted, fig.width), fig.from_lookup)
 
@@ -195,6 +214,13 @@ class AcceptanceEstimator:
         prior = self.prior.lookup_acceptance() if self.prior is not None else self.default_lookup
         return min(_A_MAX, max(_A_MIN, self._lookup.estimate(prior)))
 
+    def match_acceptance(self, length: int) -> float:
+        """Conditional acceptance of a copy found by a match of ``length`` tokens (> 0): its bucket's evidence,
+        shrunk toward the prior's figure for the bucket (without a prior: toward ``default_lookup``)."""
+        b = max(1, match_bucket(length))
+        prior = self.prior.match_acceptance(length) if self.prior is not None else self.default_lookup
+        return min(_A_MAX, max(_A_MIN, self._match[b].estimate(prior)))
+
     def lookup_yield(self) -> float:
         """The share of predicted lookup tokens the drafter sends as lookup copies (1 until observed:
         the gateway predicts with the drafter's own rule)."""
@@ -207,4 +233,6 @@ class AcceptanceEstimator:
         for n in range(1, NGRAM_BUCKETS + 1):
             out[f"a_lookup_n{n}"] = round(self.lookup_acceptance(n), 4)
         out["lookup_yield"] = round(self.lookup_yield(), 4)
+        for b, edge in enumerate(MATCH_EDGES, 1):
+            out[f"a_match{edge}"] = round(self.match_acceptance(edge), 4)
         return out

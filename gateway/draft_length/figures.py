@@ -25,10 +25,13 @@ class RoundFigures:
     lookup_ngram: int = 0               # the n-gram length that prediction was found by (0: none / unknown)
     catch_up: int = 0                   # context tokens the drafter had not seen before this call (read first)
     forward_rows: int = 0               # rows of the verifier's forward, other sessions' included (0: unknown)
+    matches: tuple[int, ...] = ()       # per proposed token: a suffix copy's match length (0: none); () = no such
 
     def __post_init__(self):
         if self.from_lookup and len(self.from_lookup) != self.width:
             raise ValueError(f"from_lookup has {len(self.from_lookup)} flags for a block of {self.width}")
+        if self.matches and len(self.matches) != self.width:
+            raise ValueError(f"matches has {len(self.matches)} lengths for a block of {self.width}")
         if not 0 <= self.accepted <= self.width:
             raise ValueError(f"accepted {self.accepted} outside 0..{self.width}")
 
@@ -56,8 +59,11 @@ class RoundFigures:
         """From a ``tandem.types.Proposal`` and ``VerifyOutcome`` (duck-typed). The lookup prediction
         (``lookup_predicted``, ``lookup_ngram``) and the catch-up are the policy's: its ``observe`` adds them."""
         tokens = tuple(proposal.tokens)
+        matches = tuple(int(getattr(t, "match_length", 0) or 0) if getattr(t, "from_lookup", False) else 0
+                        for t in tokens)
         return cls(width=len(tokens), accepted=int(outcome.accepted), verify_ms=float(outcome.compute_ms),
                    round_ms=float(round_ms), draft_ms=float(proposal.compute_ms),
                    from_lookup=tuple(bool(getattr(t, "from_lookup", False)) for t in tokens),
                    drafter_called=drafter_called, propose_wall_ms=propose_wall_ms,
-                   forward_rows=int(getattr(outcome, "forward_rows", 0) or 0))
+                   forward_rows=int(getattr(outcome, "forward_rows", 0) or 0),
+                   matches=matches if any(matches) else ())

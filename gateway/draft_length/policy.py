@@ -37,14 +37,16 @@ class DraftLengthPolicy(Protocol):
     """What the round loop (``gateway.rounds``) asks of a draft-length policy."""
 
     def next_k(self, budget: int, lookup_available: int = 0, lookup_ngram: int = 0, local_lookup: bool = False,
-               behind: int = 0, remaining: int = 0, ready: Sequence[bool] = ()) -> Decision:
+               behind: int = 0, remaining: int = 0, ready: Sequence[bool] = (),
+               ready_matches: Sequence[int] = ()) -> Decision:
         """The next round's k, at most ``budget`` (the request's k cut to its tokens and context left).
         ``lookup_available``: tokens prompt lookup copies at the block's head this round, found by an
         ``lookup_ngram``-token match; ``local_lookup``: a block of at most that many is copied by the
         gateway itself, without a drafter call. ``behind``: context tokens the drafter has not seen (it
         reads them before drafting); ``remaining``: tokens the request may still emit; ``ready``: the tokens the
         drafter drafted ahead of this round from the real context, already at the gateway (each one's copy
-        flag: a point mass copied from text, or a model token)."""
+        flag: a point mass copied from text, or a model token), and ``ready_matches`` each copy's match length
+        where the drafter reported one (suffix drafting; 0: none)."""
 
     @property
     def expects_drafting(self) -> bool:
@@ -71,9 +73,13 @@ class _Learning:
         return max(0, int(budget)), self.cost.catch_up_ms(self._behind)
 
     def observe(self, fig: RoundFigures) -> None:
-        fig = self._completed(fig)
-        self.cost.observe(fig)
-        self.acceptance.observe(fig)
+        done = self._completed(fig)
+        self.cost.observe(done)
+        if fig.matches and done.from_lookup != fig.from_lookup:
+            # copies that came with their match length keep their flag: their acceptance is learned per length
+            done = dataclasses.replace(done, from_lookup=tuple(
+                flag or (m > 0 and orig) for flag, m, orig in zip(done.from_lookup, fig.matches, fig.from_lookup)))
+        self.acceptance.observe(done)
         if not fig.width and self.relax:
             self.acceptance.relax(self.relax)
 
@@ -84,7 +90,8 @@ class _Learning:
         gateway cannot foresee) are learned as drafter tokens, their cost and acceptance with the model's:
         the choice prices every token of a block past the predicted head at those figures, so learning them
         as lookup copies would leave a copying drafter's wait and round trip unpriced (a model-free node
-        behind a 20 ms link was called every round at 4x a plain round's cost)."""
+        behind a 20 ms link was called every round at 4x a plain round's cost). Copies that came with their
+        match length are the exception for acceptance only (``observe``): it is learned per match length."""
         extra = {}
         if fig.speculative and fig.width and any(fig.from_lookup):
             head = min(self._lookup_predicted, fig.width)
@@ -112,12 +119,13 @@ class PinnedDraftLength(_Learning):
         self.k = int(k)
 
     def next_k(self, budget: int, lookup_available: int = 0, lookup_ngram: int = 0, local_lookup: bool = False,
-               behind: int = 0, remaining: int = 0, ready: Sequence[bool] = ()) -> Decision:
+               behind: int = 0, remaining: int = 0, ready: Sequence[bool] = (),
+               ready_matches: Sequence[int] = ()) -> Decision:
         budget, catch_up = self._begin(budget, lookup_available, lookup_ngram, behind)
         k = min(self.k, budget)
         c, = candidates(self.cost, self.acceptance, (k,), self._lookup_predicted, self._lookup_ngram, local_lookup,
-                        catch_up, remaining, ready)
-        return Decision(k, c.expected_tokens, c.expected_ms, c.tokens_per_ms, (c,), "pinned")
+                        catch_up, remaining, ready, ready_matches)
+        return Decision(k, c.expected_tokens, c.expected_ms, c.tokens_per_ms, (c,), "pinned", c.ready)
 
     @property
     def expects_drafting(self) -> bool:
@@ -173,13 +181,15 @@ class AutoDraftLength(_Learning):
         self._held = _HeldPlainChoice(plain_hold_max, relax)
 
     def next_k(self, budget: int, lookup_available: int = 0, lookup_ngram: int = 0, local_lookup: bool = False,
-               behind: int = 0, remaining: int = 0, ready: Sequence[bool] = ()) -> Decision:
+               behind: int = 0, remaining: int = 0, ready: Sequence[bool] = (),
+               ready_matches: Sequence[int] = ()) -> Decision:
         budget, catch_up = self._begin(budget, lookup_available, lookup_ngram, behind)
         self._prober.begin_round()
         if budget and not self.cost.ready:
             k = min(self.fallback_k, budget)
             return Decision(k, float("nan"), float("nan"), float("nan"), (), "no-figures")
-        room = (budget, self._lookup_predicted, self._lookup_ngram, local_lookup, tuple(ready[:budget]))
+        room = (budget, self._lookup_predicted, self._lookup_ngram, local_lookup, tuple(ready[:budget]),
+                tuple(ready_matches[:budget]))
         held = self._held.next_round(room, catch_up)
         d = held if held is not None and not self._prober.due() else self._weigh(room, catch_up, remaining)
         return self._prober.step(d, budget, self._lookup_predicted if local_lookup else 0, self.acceptance)
@@ -190,9 +200,9 @@ class AutoDraftLength(_Learning):
         return self._prober.schedule.streak < self._prober.rule.every
 
     def _weigh(self, room: tuple, catch_up: float, remaining: int) -> Decision:
-        budget, lookup, ngram, local, ready = room
+        budget, lookup, ngram, local, ready, matches = room
         d = choose_k(self.cost, self.acceptance, min(budget, self.max_draft_length), lookup, ngram, local, catch_up,
-                     remaining, ready)
+                     remaining, ready, matches)
         self._held.keep(room, d, catch_up)
         return d
 

@@ -119,7 +119,8 @@ class Prober:
         bound = (max(1, math.ceil(extra / self.rule.budget)) if math.isfinite(extra) and self.rule.budget > 0
                  else self.rule.cap)
         self._pending = _Pending(True, plain.tokens_per_ms, bound)
-        return Decision(probe.k, probe.expected_tokens, probe.expected_ms, probe.tokens_per_ms, d.candidates, "probe")
+        return Decision(probe.k, probe.expected_tokens, probe.expected_ms, probe.tokens_per_ms, d.candidates, "probe",
+                        probe.ready)
 
     def observe(self, fig: RoundFigures) -> None:
         """The verdict of the round the last ``step`` counted, if it was a probe or a chosen block."""

@@ -2,6 +2,7 @@
 gateway uses exactly the tokens drafted from the real context."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -139,13 +140,19 @@ def test_a_suffix_drafter_learns_a_streamed_request_to_its_last_token_and_never_
             await asyncio.sleep(0.02)
         again = AheadStream(client, "again", "secret", SamplingParams())
         await again.sync(text[:4], ahead=5)
-        got = await again.wait(text[:4], 5, timeout_s=5)
+        got = await again.wait(text[:4], 5, timeout_s=5)    # a match of 4 tokens: 4 copies, said to be all
+        await again.sync(text[:8], ahead=5)                 # the text went along them: the path goes on
+        got += await again.wait(text[:8], 5, timeout_s=5)
         await again.close()
-        return [t.token_id for t in got], [t.origin for t in got]
+        return [t.token_id for t in got], [t.origin for t in got], [t.match_length for t in got]
 
     try:
-        ids, origins = lt.run(run())
+        t0 = time.monotonic()
+        ids, origins, matches = lt.run(run())
+        took = time.monotonic() - t0
     finally:
         lt.run(service.stop(0))
         lt.close()
-    assert ids == text[4:9] and set(origins) == {"suffix"}
+    assert ids == text[4:] and set(origins) == {"suffix"}
+    assert matches == [4, 5, 6, 7, 8, 9, 10, 11]            # each copy: the tokens before it that agreed
+    assert took < 4                                         # no wait ran to its timeout: the chunks said "last"

@@ -78,19 +78,30 @@ def test_sessions_beside_the_node_trust_their_own_rounds_sooner(stack, tiny_targ
         model.close()
 
 
-@pytest.mark.parametrize("draft_length", [4, 0])
-def test_greedy_output_is_plain_decodings_and_repeated_traffic_is_drafted(stack, draft_length):
+@pytest.mark.parametrize("draft_length", [4, "auto"])
+def test_greedy_output_is_plain_decodings_and_repeated_traffic_is_drafted(stack, tiny_target_dir, draft_length):
     """Pinned k and auto: the first request drafts from its own text only, the second one (the same prompt:
-    repeated traffic) from the first one's output too; every output is plain decoding's."""
-    prompt = f"{PROMPT} w{30 + draft_length}"
-    plain = stack.gateway_stub.Generate(request(prompt=prompt, no_speculation=True), timeout=60)
-    first = stack.gateway_stub.Generate(request(prompt=prompt, draft_length=draft_length), timeout=60)
-    again = stack.gateway_stub.Generate(request(prompt=prompt, draft_length=draft_length), timeout=60)
+    repeated traffic) from the first one's output too, from the node's path drafted ahead of the rounds (never
+    waited for: gateway/proposal.py, follow_paths); every output is plain decoding's."""
+    from verifier_service.target import Target
+
+    s = stack if draft_length == 4 else Stack(Target.load(str(tiny_target_dir)), suffix_node(), draft_length=0)
+    try:
+        prompt = f"{PROMPT} w{30 + (draft_length == 4)}"
+        plain = s.gateway_stub.Generate(request(prompt=prompt, no_speculation=True), timeout=60)
+        first = s.gateway_stub.Generate(request(prompt=prompt), timeout=60)
+        again = s.gateway_stub.Generate(request(prompt=prompt), timeout=60)
+    finally:
+        if s is not stack:
+            s.close()
     for reply in (first, again):
         assert list(reply.token_ids) == list(plain.token_ids)
         assert reply.stats.speculative and not reply.stats.fallback_reason and reply.stats.draft_model == "suffix"
-    if draft_length:            # auto may keep stepping plainly on a tiny model whose steps cost next to nothing
-        assert again.stats.accepted >= len(plain.token_ids) // 2 and again.stats.rounds < first.stats.rounds
+    assert again.stats.accepted >= len(plain.token_ids) // 2 and again.stats.rounds < first.stats.rounds
+    sources = {r.source for r in again.stats.round_stats if r.proposed}
+    assert "ahead" in sources and sources <= {"ahead", "copy"}     # copy: the gateway's own lookup copy
+    assert {r.k_reason for r in again.stats.round_stats} <= ({"pinned"} if draft_length == 4 else
+                                                             {"best", "probe", "no-figures", "no-budget"})
 
 
 @pytest.mark.parametrize("node", ["model", "model-free"])

@@ -92,6 +92,37 @@ def test_beside_a_copying_node_one_kept_block_wins_a_session_back_from_the_gatew
     assert max(after_one_kept_block(PRIOR_WEIGHT)) < 0.3
 
 
+def test_suffix_copies_are_priced_by_the_match_they_stand_on():
+    """A copying node's tokens are right where they continue text seen word for word (a long match) and often
+    wrong where they stand on a few tokens (new text). Learned per match length, a path drafted ahead on a long
+    match is verified in long blocks, one on a short match not at all, whatever the session's other figures say."""
+    gateway = AcceptanceEstimator(default_lookup=0.1)
+    for _ in range(30):
+        gateway.observe_block((True,) * 4, accepted=4, matches=(40, 41, 42, 43))    # a repeat: all kept
+        gateway.observe_block((True,) * 4, accepted=0, matches=(2, 3, 4, 5))        # new text: the first rejected
+    session = AcceptanceEstimator(prior=gateway, prior_weight=COPYING_PRIOR_WEIGHT)
+    assert session.match_acceptance(40) > 0.9 and session.match_acceptance(2) < 0.1
+    assert session.lookup_acceptance() == pytest.approx(0.1)    # the copies' general figure: untouched by these
+    cost = cost_model({w: 4.0 + 1.0 * w for w in range(9)}, plain_oh=0.4)
+    long = choose_k(cost, session, 8, ready=(True,) * 8, ready_matches=tuple(range(40, 48)))
+    short = choose_k(cost, session, 8, ready=(True,) * 8, ready_matches=tuple(range(2, 10)))
+    unknown = choose_k(cost, session, 8, ready=(True,) * 8)              # no match reported: the copies' figure
+    assert long.k >= 6 and short.k == 0 and unknown.k == 0
+
+
+def test_a_path_drafted_ahead_takes_the_round_from_the_gateways_copy_when_expected_to_keep_more():
+    cost = cost_model({w: 4.0 + 1.0 * w for w in range(9)}, plain_oh=0.4)
+    acc = AcceptanceEstimator(default_lookup=0.3)       # the gateway's copies: a 3-token match, often wrong
+    for _ in range(20):
+        acc.observe_block((True,) * 2, accepted=2, matches=(33, 34))
+    d = choose_k(cost, acc, 4, lookup_available=4, lookup_ngram=3, local_lookup=True, ready=(True,) * 4,
+                 ready_matches=(33, 34, 35, 36))
+    assert d.k == 4 and d.ready and d.candidates[4].ready
+    copy = choose_k(cost, acc, 4, lookup_available=4, lookup_ngram=3, local_lookup=True, ready=(True,) * 4,
+                    ready_matches=(1, 1, 1, 1))     # no better than the copy: the gateway copies
+    assert not copy.ready and not any(c.ready for c in copy.candidates)
+
+
 def test_long_block_when_verify_is_flat_and_acceptance_high():
     cost = cost_model({0: 10.0, 8: 10.4}, draft_per_token=0.2, plain_oh=0.2, spec_oh=0.5)
     assert choose_k(cost, flat_acceptance(0.9), 8).k >= 6

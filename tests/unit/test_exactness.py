@@ -157,7 +157,7 @@ def history_policy():
         expects_drafting = True
 
         def next_k(self, budget, lookup_available=0, lookup_ngram=0, local_lookup=False, behind=0, remaining=0,
-                   ready=0):
+                   ready=(), ready_matches=()):
             return Decision(min(budget, 1 + seen["n"] % 2), 0.0, 0.0, 0.0, (), "history")
 
         def observe(self, fig):
