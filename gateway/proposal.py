@@ -128,10 +128,20 @@ class Proposer:
         try:
             held = tuple(self._stream.usable(sequence))
         except DrafterUnavailable as exc:
-            self._lost = str(exc)   # the next propose reports it
+            self._stream_failed(exc)
             return ()
         self._held = bool(held)
         return held
+
+    def _stream_failed(self, exc: DrafterUnavailable) -> None:
+        """The stream broke: a drafter without DraftAhead is asked with Propose from now on; a followed node's
+        failure is reported by the next propose; otherwise the next propose reports it as it asks."""
+        from gateway.clients import AheadUnsupported
+
+        if isinstance(exc, AheadUnsupported):
+            self._stream, self._use_ahead, self._follow_paths = None, False, False
+        elif self._follow_paths:
+            self._lost = str(exc)
 
     # ---- the block ---------------------------------------------------------------------------------
     async def propose(self, sequence: list[int], k: int, copy: Sequence[int] = (), prefer_ready: bool = False
@@ -227,7 +237,7 @@ class Proposer:
         try:
             held = self._stream.usable(sequence)
         except DrafterUnavailable as exc:
-            self._lost = str(exc)   # the next propose reports it
+            self._stream_failed(exc)
             return
         if len(held) >= COPIER_REFILL:
             return
@@ -237,7 +247,7 @@ class Proposer:
         try:
             await self._sync(sequence, AHEAD_MAX)
         except DrafterUnavailable as exc:
-            self._lost = str(exc)
+            self._stream_failed(exc)
 
     async def _sync(self, sequence: Sequence[int], depth: int) -> None:
         """Sends the stream ``sequence`` and the tokens to keep drafted beyond it; a drafter asked to draft

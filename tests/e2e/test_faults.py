@@ -101,6 +101,37 @@ def test_drafter_killed_mid_generation_then_restarted(lt, target, verifier, tiny
         drafter.close()
 
 
+def test_a_followed_model_free_node_killed_mid_generation_costs_speed_only(lt, target, verifier, tmp_path):
+    """The model-free (suffix) node, followed by the path it drafts ahead (gateway/proposal.py): kill -9 it
+    while a repeated request is drafted from its path. The request completes with plain decoding's output,
+    the round after the stream broke names the drafter, and every round after it is a plain step."""
+    drafter = ServiceProcess("drafter", ["--drafter", "suffix", "--suffix-seed", "none", "--port", "0"], tmp_path)
+    port = drafter.wait_port(60)
+    wait_healthy(f"127.0.0.1:{port}")
+    gw = Gw(lt, verifier, f"127.0.0.1:{port}")
+    try:
+        plain = gw.stub.Generate(req(no_speculation=True), timeout=120)
+        first = gw.stub.Generate(req(draft_length=4), timeout=120)       # the node learns the reply
+        assert list(first.token_ids) == list(plain.token_ids)
+        tokens, last = [], None
+        for chunk in gw.stub.GenerateStream(req(draft_length=4), timeout=120):
+            tokens.extend(chunk.token_ids)
+            if len(tokens) >= 32 and drafter.proc.poll() is None:
+                drafter.kill()
+            last = chunk
+        stats = last.stats
+        assert tokens == list(plain.token_ids), "output differs from plain decoding after the node died"
+        assert stats.proposed >= 16 and "drafter unavailable" in stats.fallback_reason
+        rounds = list(stats.round_stats)
+        failed = [i for i, r in enumerate(rounds) if r.fallback_reason]
+        assert len(failed) == 1 and all(r.k == 0 for r in rounds[failed[0]:]), [(r.k, r.source) for r in rounds]
+        assert {r.source for r in rounds[:failed[0]] if r.proposed} <= {"ahead", "copy"}
+        assert len(target.sessions) == 0
+    finally:
+        gw.close()
+        drafter.close()
+
+
 def test_drafter_killed_after_the_last_propose_is_named(lt, target, verifier, tiny_long_drafter_onnx, tmp_path):
     """Kill -9 the drafter in a request's last round, after its last Propose (as in a plain streak of the
     automatic draft length): the output is plain decoding's, and fallback_reason names the drafter that was
