@@ -9,7 +9,10 @@ round's plain choice is replaced by a probe block:
   or the estimates where higher), since that is what a probe asks: short where verify grows steeply with
   width, longer where the drafter's round trip is long and a short block cannot pay for it. A block the
   gateway would copy itself is no probe of the drafter: a probe is longer than the copy on offer, and a
-  copied block neither probes nor resets the schedule (the rounds since the drafter drafted go on).
+  copied block neither probes nor resets the schedule (the rounds since the drafter drafted go on). Where
+  no block longer than the copy can be had (``--lookup-only``: no drafter; a model-free node whose path
+  is no longer than the copy), the probe is the copy itself (or the path): else copies whose estimate fell
+  once would never be tried again, and every later session of the gateway would step plainly.
 - its verdict: the probes' realized tokens per ms (decayed by ``ProbeRule.decay``, so one lucky block is
   no trend) against a plain step's expected tokens per ms. A win resets the interval to
   ``ProbeRule.every``, as does a block the choice itself picked that beats a plain step (one that loses
@@ -109,7 +112,8 @@ class Prober:
         return d
 
     def _probe(self, d: Decision, budget: int, copied: int, acceptance: AcceptanceEstimator) -> Decision | None:
-        eligible = [c for c in d.candidates[1:min(self.rule.max_length, budget) + 1] if c.k > copied]
+        blocks = d.candidates[1:min(self.rule.max_length, budget) + 1]
+        eligible = [c for c in blocks if c.k > copied] or blocks      # no longer block on offer: the copy
         if not eligible:
             return None
         hoped = expected_prefixes([max(a, self.rule.acceptance) for a in acceptance.model_acceptances(eligible[-1].k)])

@@ -696,6 +696,35 @@ def test_blocks_the_gateway_copies_do_not_probe_the_drafter_or_reset_its_schedul
     assert gaps[0] in (8, 9) and gaps[1] in (16, 17) and all(g in (32, 33) for g in gaps[2:]), gaps
 
 
+def test_with_nothing_but_copies_on_offer_the_copy_itself_is_probed():
+    """``--lookup-only`` (no drafter: the budget is the copy on offer). Once the gateway-wide estimate of copies
+    fell (a first request whose copies were rejected), every later session would step plainly and its copies
+    would never be tried again. The probe is then the copy: refused, it backs off; once the text turns
+    predictable, a kept probe brings the copies back."""
+    cost = cost_model({0: 10.0, 1: 11.0, 2: 12.0, 3: 13.0, 4: 14.0}, plain_oh=0.1)
+    gateway = AcceptanceEstimator()
+    for _ in range(40):
+        gateway.observe_block((True, True), accepted=0, ngram=2)
+    policy = AutoDraftLength(cost, AcceptanceEstimator(prior=gateway), probing=ProbeRule(every=4, cap=64))
+    probes, copies = [], []
+    for rnd in range(1, 161):
+        predictable = rnd > 80
+        d = policy.next_k(4, lookup_available=4, lookup_ngram=2, local_lookup=True)
+        assert d.k in (0, 4) or d.reason == "probe"
+        if d.k:
+            (probes if d.reason == "probe" else copies).append(rnd)
+            kept = d.k if predictable else 0
+            policy.observe(RoundFigures(width=d.k, accepted=kept, verify_ms=10.0 + d.k, round_ms=10.2 + d.k,
+                                        from_lookup=(True,) * d.k, drafter_called=False, lookup_ngram=2))
+        else:
+            policy.observe(plain_round())
+    assert [r for r in probes if r <= 80] and not [r for r in copies if r <= 80]     # probed, refused
+    gaps = [b - a for a, b in zip(probes, probes[1:]) if b <= 80]
+    assert len(probes) < 10 and all(g >= 8 for g in gaps), probes                 # backing off
+    back = min(r for r in probes if r > 80)                                        # and back once kept
+    assert copies == list(range(back + 1, 161))
+
+
 def test_blocks_the_gateway_copies_teach_the_acceptance_of_their_match_length():
     """A copied block (no drafter call) is still verified: its acceptance counts for the length of the match
     that found it, so copies that keep failing stop being chosen."""
