@@ -19,6 +19,8 @@ def configure(p) -> None:
          "round from the measured verify/draft/network costs and the session's acceptance (0 = a plain step "
          "where speculation does not pay); N pins it (requests may pin their own)")
     flag(p, "max-draft-length", 8, int, help="the longest block auto drafts")
+    flag(p, "max-copy-length", 16, int, help="beside a model-free drafter node (--drafter suffix), whose blocks are "
+         "copies of text already at the gateway: the longest block auto verifies (at least --max-draft-length)")
     flag(p, "probe-budget", 0.005, float, help="auto: while speculation loses, a block now and then (as long "
          "as would pay for predictable text) probes the drafter: after 4 plain rounds, then as often as keeps "
          "the refused probes' measured cost within this share of plain decoding's throughput (0.005: ~0.5 %%, "
@@ -103,6 +105,7 @@ async def run(args) -> int:
 
     tracing = telemetry.setup("tandem-gateway")
     config = GatewayConfig(draft_length=args.draft_length, max_draft_length=args.max_draft_length,
+                           max_copy_length=args.max_copy_length,
                            draft_confidence=args.draft_confidence,
                            max_tokens_limit=args.max_tokens_limit,
                            no_speculation=args.no_speculation,

@@ -24,6 +24,7 @@ UNSEEDED_SAMPLING = ("coupled", "rejection")
 class GatewayConfig:
     draft_length: int = 0                 # 0: auto (chosen every round from measured costs); N: always N
     max_draft_length: int = 8             # --max-draft-length: the longest block auto drafts
+    max_copy_length: int = 16             # --max-copy-length: ... beside a model-free node (every block a copy)
     draft_confidence: float = 0.0         # adaptive draft length: the drafter stops below this top probability
     max_pinned_draft_length: int = 32     # the longest block a request may pin (its draft_length)
     max_tokens_limit: int = 4096
@@ -46,6 +47,9 @@ class GatewayConfig:
         if self.unseeded_sampling not in UNSEEDED_SAMPLING:
             raise ValueError(f"--unseeded-sampling must be one of {', '.join(UNSEEDED_SAMPLING)}, "
                              f"got {self.unseeded_sampling!r}")
+        if not 1 <= self.max_copy_length <= self.max_pinned_draft_length:
+            raise ValueError(f"--max-copy-length must be between 1 and {self.max_pinned_draft_length} tokens, "
+                             f"got {self.max_copy_length}")
         if not 0 <= self.plain_ahead <= 64:
             raise ValueError(f"--plain-ahead must be between 0 and 64 tokens, got {self.plain_ahead}")
         if not 0.0 <= self.probe_budget < 1.0:

@@ -270,16 +270,28 @@ class Gateway:
         theirs = self._drafter_info.max_context if self._drafter_info else 0
         return min(self.target.max_context, theirs) if theirs > 0 else self.target.max_context
 
-    def draft_length_policy(self, pinned: int, sampling: SamplingParams) -> DraftLengthPolicy:
+    def follows_paths(self, drafter) -> bool:
+        """Whether a request's drafter is a model-free node followed by its path (gateway/proposal.py)."""
+        return (self.config.draft_ahead and not self.config.drafter_shares_cpus and drafter is not None
+                and self._drafter_info is not None and self._drafter_info.model_free)
+
+    def max_block(self, follow: bool) -> int:
+        """The longest block auto verifies: ``--max-draft-length``, or beside a followed model-free node, whose
+        blocks are copies already at the gateway, ``--max-copy-length`` if longer."""
+        return max(self.config.max_draft_length, self.config.max_copy_length) if follow else self.config.max_draft_length
+
+    def draft_length_policy(self, pinned: int, sampling: SamplingParams, max_block: int | None = None
+                            ) -> DraftLengthPolicy:
         """The request's draft-length choice: ``pinned`` k > 0 always drafts k; 0 chooses every round from the
         gateway's measured costs and this session's acceptance (starting from the gateway-wide figures, which
-        count for less beside a model-free node: ``acceptance.COPYING_PRIOR_WEIGHT``)."""
+        count for less beside a model-free node: ``acceptance.COPYING_PRIOR_WEIGHT``), blocks of at most
+        ``max_block`` (default ``--max-draft-length``)."""
         copying = self._drafter_info is not None and self._drafter_info.model_free
         acceptance = AcceptanceEstimator(prior=self.acceptance[sampling.greedy],
                                          prior_weight=COPYING_PRIOR_WEIGHT if copying else PRIOR_WEIGHT)
         if pinned:
             return PinnedDraftLength(self.cost, acceptance, pinned)
-        return AutoDraftLength(self.cost, acceptance, max_draft_length=self.config.max_draft_length,
+        return AutoDraftLength(self.cost, acceptance, max_draft_length=max_block or self.config.max_draft_length,
                                probing=ProbeRule(budget=self.config.probe_budget),
                                schedule=self.probe_schedules[sampling.greedy])
 
@@ -312,9 +324,10 @@ class Gateway:
         also when the client goes away (the generator is closed / cancelled)."""
         prompt_ids = await self.tokenize(params)
         pinned = self.validate(params, prompt_ids)          # 0: auto
-        k = pinned or self.config.max_draft_length          # the most a round may draft
         speculate = not (params.no_speculation or self.config.no_speculation)
         drafter = await self.usable_drafter() if speculate and not self.config.lookup_only else None
+        follow = self.follows_paths(drafter)                # a model-free node: blocks from its path only
+        k = pinned or self.max_block(follow)                # the most a round may draft
         copying = speculate and self.config.lookup_only         # speculation by gateway lookup copies alone
         stats.prompt_tokens = len(prompt_ids)
         stats.target_model = self.target.model_name
@@ -338,15 +351,14 @@ class Gateway:
                           lookup=self._lookup_rule(drafter, copying),
                           local_lookup=self.config.local_lookup,
                           draft_ahead=ahead, plain_ahead=self.config.plain_ahead if ahead else 0,
-                          follow_paths=ahead and drafter is not None and self._drafter_info is not None
-                          and self._drafter_info.model_free,
+                          follow_paths=follow,
                           drafter_timeout_s=getattr(drafter, "timeout_s", 15.0), cache_salt=params.cache_salt)
         generated: list[int] = []
         detokenizer = IncrementalDetokenizer(self.tokenizer, skip_ids=self._skip_ids)   # new text only, each round
         self.metrics.active_sessions.inc()
         rounds = None
         try:
-            policy = (self.draft_length_policy(pinned, params.sampling) if drafter is not None or copying
+            policy = (self.draft_length_policy(pinned, params.sampling, k) if drafter is not None or copying
                       else None)
             rounds = generate_rounds(request, self.verifier, drafter, policy)
             async for rnd in rounds:

@@ -120,6 +120,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    "in front of it")
     p.add_argument("--suffix-scope", choices=("global", "session"), default="global")
     p.add_argument("--draft-length", default="auto", help="'auto' (the gateway's choice each round) or a pinned k")
+    p.add_argument("--max-draft-length", type=int, default=8, help="the longest block auto drafts (the gateway's "
+                   "--max-draft-length)")
     p.add_argument("--passes", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--per-category", type=int, default=0, help="only the first N conversations of each category "
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(TANDEM_SUFFIX=args.suffix, TANDEM_SUFFIX_SCOPE=args.suffix_scope)    # the drafter's flags
     log_dir = Path(tempfile.mkdtemp(prefix="tandem-repeated-"))
     ns = SimpleNamespace(target=args.target, drafter=args.drafter, gateway_port=0, http_port=0, draft_length=0,
-                         max_draft_length=8, draft_confidence=0.0, drafter_threads=args.drafter_threads,
+                         max_draft_length=args.max_draft_length, draft_confidence=0.0, drafter_threads=args.drafter_threads,
                          verifier_threads=args.verifier_threads, verifier_cpus=None, drafter_cpus=None,
                          startup_timeout=args.startup_timeout, log_dir=str(log_dir))
     cluster = start_cluster(ns)

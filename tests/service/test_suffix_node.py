@@ -74,6 +74,11 @@ def test_sessions_beside_the_node_trust_their_own_rounds_sooner(stack, tiny_targ
     model = Stack(Target.load(str(tiny_target_dir)), OnnxDrafter(tiny_drafter_onnx, threads=1))
     try:
         assert model.gateway.draft_length_policy(0, SamplingParams()).acceptance.prior_weight == PRIOR_WEIGHT
+        # blocks of copies already at the gateway may be longer (--max-copy-length) than drafted ones
+        drafters = [s.gateway.usable_drafter() for s in (stack, model)]
+        follow = [s.gateway.follows_paths(s.lt.run(d)) for s, d in zip((stack, model), drafters)]
+        assert follow == [True, False]
+        assert [s.gateway.max_block(f) for s, f in zip((stack, model), follow)] == [16, 8]
     finally:
         model.close()
 
