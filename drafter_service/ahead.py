@@ -33,8 +33,6 @@ from tandem.types import DraftToken, SamplingParams
 MAX_AHEAD = 64                      # the most tokens a gateway may ask to be kept drafted
 FIRST_CHUNK = 1                     # tokens drafted by the first call after a new path: out as soon as possible
 CHUNK = 4                           # then up to this many a call (fewer Python round trips; a sync waits at most one)
-# A model-free drafter (suffix drafting) copies its path from text: a call costs about the same for one token or
-# for all it has, so it drafts once a sync, everything it offers, in one message (then waits for the next sync).
 
 
 @dataclass(frozen=True)
@@ -63,8 +61,10 @@ class AheadPath:
 
     def __init__(self, drafter, session_id: str, token: str, sampling: SamplingParams):
         self.drafter, self.session_id, self.token, self.sampling = drafter, session_id, token, sampling
+        # A model-free drafter (suffix drafting) copies its path from text: a call costs about the same for one
+        # token or for all it has, so it drafts once a sync, everything it offers, in one chunk marked last.
         info = getattr(drafter, "info", None)
-        self._copies = bool(getattr(info, "model_free", False))     # drafts by copying: no chunking
+        self._copies = bool(getattr(info, "model_free", False))
         self.context: list[int] = []            # the real context, as the gateway sent it
         self.path: list[DraftToken] = []        # drafted beyond it
         self.path_id = 0
