@@ -270,9 +270,15 @@ class Gateway:
         theirs = self._drafter_info.max_context if self._drafter_info else 0
         return min(self.target.max_context, theirs) if theirs > 0 else self.target.max_context
 
+    @property
+    def drafts_ahead(self) -> bool:
+        """Whether drafters draft the next block while the verifier checks this one (DraftAhead): not when the
+        drafter computes on the verifier's cores."""
+        return self.config.draft_ahead and not self.config.drafter_shares_cpus
+
     def follows_paths(self, drafter) -> bool:
         """Whether a request's drafter is a model-free node followed by its path (gateway/proposal.py)."""
-        return (self.config.draft_ahead and not self.config.drafter_shares_cpus and drafter is not None
+        return (self.drafts_ahead and drafter is not None
                 and self._drafter_info is not None and self._drafter_info.model_free)
 
     def max_block(self, follow: bool) -> int:
@@ -338,7 +344,7 @@ class Gateway:
         # Not made current: it lives across this generator's yields. Prefill and rounds get it as parent.
         span = tracing.start_request_span(params, self.target.model_name, k if drafter is not None else 0,
                                             stats.draft_model)
-        ahead = self.config.draft_ahead and not self.config.drafter_shares_cpus   # drafting ahead (DraftAhead)
+        ahead = self.drafts_ahead
         request = Request(session_id=uuid.uuid4().hex, verifier_token=secrets.token_hex(16),
                           drafter_token=secrets.token_hex(16), vocab_size=self.target.vocab_size,
                           prompt_ids=tuple(prompt_ids),
