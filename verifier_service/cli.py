@@ -38,7 +38,8 @@ def model_flags(p) -> None:
     flag(p, "exact-rows", "on", help="'on': every row of a verified block is computed as a plain step would "
          "(bit-identical logits, so greedy speculative output equals plain decoding exactly); 'off' saves ~3 ms at "
          "block width 8")
-    flag(p, "isa", "auto", help="the C kernels' instruction set: 'auto' (the best this CPU runs), or force one: "
+    flag(p, "isa", "auto", help="the C kernels' instruction set: 'auto' (the best this CPU runs; with int8 activations "
+         "the x8 GEMM's path timed at start per weight type and row count, the same bits on every path), or force one: "
          "'avx512vnni' (avx512 with the int8 GEMM on VNNI: the same bits), 'avx512', 'avx2', 'generic' (plain C, any "
          "CPU); a CPU that lacks it is an error")
     flag(p, "activations", "fp32", help="how the C kernels multiply a GGUF file's quantized blocks: 'fp32' (the "

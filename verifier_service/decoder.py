@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from verifier_service import fast_linear
+from verifier_service import fast_linear, x8_pick
 from verifier_service.architecture import DecoderSpec
 from verifier_service.kv_cache import StaticKVCache
 from verifier_service.native_layers import NativeLayers
@@ -155,6 +155,9 @@ class Decoder:
         if arithmetic:
             self.gemm_note += (", int8 activations (llama.cpp's arithmetic: --activations)" if "int8" in arithmetic
                                else ", fp32 activations")
+        self.x8_choices = x8_pick.pick([m.blocks for m in self.linears.modules() if hasattr(m, "blocks")])
+        if self.x8_choices:
+            self.gemm_note += f"; int8 x8 GEMM measured: {x8_pick.describe(self.x8_choices)}"
         if any(isinstance(m, (nn.Linear, fast_linear.FastLinear)) for m in self.linears.modules()):
             self.gemm, self.gemm_note, self.gemm_choice = fast_linear.configure(self.linears, gemm, widths)
         self.native_layers, self.native_layers_note = None, "off (native_layers=False)"

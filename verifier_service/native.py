@@ -14,7 +14,10 @@ one file per source version, flags and torch version, built under a temporary na
 concurrent starts are safe. The ISA is chosen at run time (``isa()``): the best this CPU runs
 (avx512 + avx512_vnni -> avx512vnni; avx512f+bw+vl+fma+f16c -> avx512; avx2+fma+f16c -> avx2; else generic), or the one ``TANDEM_ISA``
 (the verifier's ``--isa``) names. Within one ISA every row of a block runs the same instructions whatever
-the block width or thread count (exact rows); across ISAs results agree to fp32 rounding.
+the block width or thread count (exact rows); across ISAs results agree to fp32 rounding. One exception, by
+measurement: the int8 GEMM on the x8 layout computes the same bits on every x86 path, so it runs through a
+table (``gemm_q8x8_pick.c``) that ``x8_pick`` fills at load with the fastest path per weight type and row count
+(on Zen 4 the 256-bit avx2 kernel beats VNNI at one row); ``TANDEM_ISA`` turns that off.
 
 -ffp-contract=off: weights are rebuilt with gguf-py's roundings (no fused multiply-add there); the SIMD
 accumulations use explicit FMA intrinsics. -fopenmp, linked against the libgomp torch has loaded (same
@@ -41,7 +44,7 @@ import torch
 KERNELS = Path(__file__).with_name("kernels")
 ISAS = ("avx512vnni", "avx512", "avx2", "generic")
 ENV = "TANDEM_ISA"
-SOURCES = {"generic": ("gemm_generic.c", "gemm_q8_generic.c", "ops_generic.c", "decoder_layers.c"),
+SOURCES = {"generic": ("gemm_generic.c", "gemm_q8_generic.c", "ops_generic.c", "decoder_layers.c", "gemm_q8x8_pick.c"),
            "avx2": ("gemm_avx2.c", "gemm_q8_avx2.c", "ops_avx2.c"),
            "avx512": ("gemm_avx512.c", "gemm_q8_avx512.c", "ops_avx512.c"),
            "avx512vnni": ("gemm_q8x8_avx512vnni.c",)}
@@ -160,6 +163,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         for name in ("tq_silu_mul", "tq_gelu_tanh_mul"):
             f = getattr(lib, f"{name}_{which}")
             f.argtypes, f.restype = [ptr, i64, i64, ptr], None
+    lib.tq_q8x8_pick.argtypes, lib.tq_q8x8_pick.restype = [cint, i64, ptr, ptr], cint
+    lib.tq_gemm_q8x8_picked.argtypes, lib.tq_gemm_q8x8_picked.restype = [cint, ptr, i64, i64, ptr, i64, ptr, ptr, i64,
+                                                                         cint], cint
+    lib.tq_gemm_parts_q8x8_picked.argtypes = [cint, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, cint]
+    lib.tq_gemm_parts_q8x8_picked.restype = cint
     lib.tq_pack_q8x8.argtypes, lib.tq_pack_q8x8.restype = [cint, ptr, i64, i64, i64, ptr, cint], cint
     lib.tq_q8x8_bytes.argtypes, lib.tq_q8x8_bytes.restype = [cint, i64, i64], i64
     lib.tq_dequantize_rows_q8x8.argtypes = [cint, ptr, i64, ptr, i64, ptr, cint]
@@ -226,7 +234,7 @@ class Kernels:
     ``head_rms_norm``, ``rope_store``, ``dequantize_rows``. Arguments: kernels/quants.h (GEMM),
     kernels/ops_generic.c (the rest). ``verifier_service.quant`` wraps them for torch tensors."""
 
-    def __init__(self, lib: ctypes.CDLL, which: str):
+    def __init__(self, lib: ctypes.CDLL, which: str, picked: bool = False):
         self.isa = which
         x8, which = which, BASE_ISA.get(which, which)      # avx512vnni: avx512's kernels, its own x8 GEMM
         self.gemm = getattr(lib, f"tq_gemm_{which}")
@@ -235,6 +243,13 @@ class Kernels:
         self.gemm_parts_q8 = getattr(lib, f"tq_gemm_parts_q8_{which}")
         self.gemm_q8x8 = getattr(lib, f"tq_gemm_q8x8_{x8}") if x8 in X8_ISAS else None
         self.gemm_parts_q8x8 = getattr(lib, f"tq_gemm_parts_q8x8_{x8}") if x8 in X8_ISAS else None
+        # picked: the x8 GEMM through kernels/gemm_q8x8_pick.c, whose table x8_pick.py fills by measurement
+        # (every x86 path's x8 kernel computes the same bits); until then, this ISA's own kernel
+        self.picked = picked and self.gemm_q8x8 is not None
+        if self.picked:
+            _pick_table_defaults(lib, self.gemm_q8x8, self.gemm_parts_q8x8)
+            self.gemm_q8x8, self.gemm_parts_q8x8 = lib.tq_gemm_q8x8_picked, lib.tq_gemm_parts_q8x8_picked
+        self.q8x8_pick = lib.tq_q8x8_pick
         self.pack_q8x8 = lib.tq_pack_q8x8
         self.q8x8_bytes = lib.tq_q8x8_bytes
         self.dequantize_rows_q8x8 = lib.tq_dequantize_rows_q8x8
@@ -256,20 +271,49 @@ class Kernels:
         self._rope_store(qkv, n, heads, kv_heads, d, cos, sin, k_cache, v_cache, cap, start, q_out, interleaved)
 
 
+PICK_KINDS, PICK_ROWS = 64, 33          # kernels/gemm_q8x8_pick.c's table: GGUF type codes x row counts
+
+
+_pick_table_set = False
+
+
+def _pick_table_defaults(lib: ctypes.CDLL, one, parts) -> None:
+    """Every entry of the x8 table: ``one``/``parts`` (once a process: a measured choice is not undone)."""
+    global _pick_table_set
+    if _pick_table_set:
+        return
+    for kind in range(PICK_KINDS):
+        for rows in range(PICK_ROWS):
+            lib.tq_q8x8_pick(kind, rows, ctypes.cast(one, ctypes.c_void_p), ctypes.cast(parts, ctypes.c_void_p))
+    _pick_table_set = True
+
+
 @functools.cache
-def _kernels(which: str) -> Kernels:
+def _kernels(which: str, picked: bool = False) -> Kernels:
     lib, why = _build()
     if lib is None:
         raise RuntimeError(f"the C kernels are not available: {why}")
-    return Kernels(lib, which)
+    return Kernels(lib, which, picked)
+
+
+def forced() -> bool:
+    """Whether ``TANDEM_ISA`` names an ISA (then every kernel is that ISA's: nothing is picked by measurement)."""
+    return os.environ.get(ENV, "").strip().lower() not in ("", "auto")
+
+
+def x8_isas() -> tuple[str, ...]:
+    """The ISAs with an x8 int8 GEMM this CPU runs, best by its flags first (``x8_pick`` chooses among them)."""
+    return tuple(i for i in runnable_isas() if i in X8_ISAS)
 
 
 def kernels(which: str | None = None) -> Kernels:
-    """The kernels of ISA ``which`` (None: ``isa()``). Raises ValueError where this CPU cannot run it,
-    RuntimeError where the library cannot be built."""
+    """The kernels of ISA ``which`` (None: ``isa()``, with the int8 x8 GEMM picked by measurement among
+    ``x8_isas()`` unless ``TANDEM_ISA`` forces one: ``x8_pick``). Raises ValueError where this CPU cannot run
+    it, RuntimeError where the library cannot be built."""
     if which is None:
         which = isa()
-    elif which not in runnable_isas():
+        return _kernels(which, not forced() and len(x8_isas()) > 1)
+    if which not in runnable_isas():
         raise ValueError(f"ISA {which!r} cannot run here (this CPU runs {', '.join(runnable_isas())})")
     return _kernels(which)
 

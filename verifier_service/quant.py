@@ -114,7 +114,7 @@ class QuantWeight:
         self.raw = raw                                   # kept: the data (or the file mapping) it views
         self._type = int(GGMLQuantizationType[self.kind])
         self._kernels = native.kernels(isa)
-        self.isa = self._kernels.isa
+        self.isa, self._isa_asked = self._kernels.isa, isa      # asked None: the x8 GEMM may be picked (x8_pick)
         self._w, self._ldw = raw.ctypes.data, raw.strides[0]
         asked = activation_mode(activations)
         self.activations = "int8" if asked == "int8" and self.kind in INT8_KINDS else "fp32"
@@ -184,7 +184,8 @@ class QuantWeight:
 
     def take(self, order: Sequence[int] | np.ndarray) -> "QuantWeight":
         """The weight whose row i is this one's row order[i] (a copy of those blocks)."""
-        return QuantWeight(self.kind, self.raw[np.asarray(order)], len(order), self.inner, self.isa, self.activations)
+        return QuantWeight(self.kind, self.raw[np.asarray(order)], len(order), self.inner, self._isa_asked,
+                           self.activations)
 
     @staticmethod
     def cat(parts: Sequence["QuantWeight"]) -> "QuantWeight":
@@ -194,8 +195,8 @@ class QuantWeight:
             raise ValueError("cannot merge GGUF weights of different types or widths")
         if len({p.activations for p in parts}) > 1:
             raise ValueError("cannot merge GGUF weights of different activation arithmetic")
-        return QuantWeight(kind, np.concatenate([p.raw for p in parts]), sum(p.out for p in parts), inner, parts[0].isa,
-                           parts[0].activations)
+        return QuantWeight(kind, np.concatenate([p.raw for p in parts]), sum(p.out for p in parts), inner,
+                           parts[0]._isa_asked, parts[0].activations)
 
     def __repr__(self) -> str:
         return (f"QuantWeight({self.kind}, [{self.out}, {self.inner}], {self.nbytes / 1e6:.1f} MB, {self.isa}, "
@@ -212,7 +213,8 @@ class SideBySide:
     @classmethod
     def accepts(cls, parts: Sequence[QuantWeight]) -> bool:
         """1 to MAX_PARTS weights of one width, one ISA and one activation arithmetic."""
-        return 1 <= len(parts) <= cls.MAX_PARTS and len({(p.inner, p.isa, p.activations) for p in parts}) == 1
+        return 1 <= len(parts) <= cls.MAX_PARTS and len({(p.inner, p.isa, p.activations, p._kernels.picked)
+                                                         for p in parts}) == 1
 
     def __init__(self, parts: Sequence[QuantWeight]):
         if not self.accepts(parts):

@@ -200,6 +200,34 @@ def test_int8_activations_keep_rows_exact_and_speculation_lossless(tiny_gguf_fil
     assert out[:20] == want
 
 
+@pytest.mark.skipif(len(native.x8_isas()) < 2, reason="this CPU runs one x8 path: nothing to pick")
+def test_int8_rows_stay_exact_when_each_width_runs_another_x8_path(tiny_gguf_files, monkeypatch):
+    """The int8 x8 GEMM is picked per row count by timing (verifier_service/x8_pick.py): with plain steps, verify
+    blocks and the prompt each on another x8 path, every row of a block is still the plain step's, bit for bit."""
+    from verifier_service import x8_pick
+    from verifier_service.quant import X8_KINDS
+
+    monkeypatch.setenv("TANDEM_ACTIVATIONS", "int8")
+    decoder = decoder_of(tiny_gguf_files["llama"], "native")
+    assert "int8 x8 GEMM measured: " in decoder.gemm_note          # the start-up line says what runs where
+    isas = native.x8_isas()
+    try:
+        for kind in X8_KINDS:
+            x8_pick.install(kind, {1: isas[-1], 2: isas[0], 4: isas[1], 8: isas[-1], 32: isas[0]})
+        got = logits(decoder, SEQ)
+        base = 10
+        plain = logits(decoder, SEQ, list(range(base, len(SEQ))))[base:]
+        assert torch.equal(plain, got[base:])
+        for width in (2, 3, 5, 8):
+            cache = decoder.new_cache()
+            decoder.forward(cache, SEQ[:base])
+            rows = decoder.forward(cache, SEQ[base:base + width])
+            assert all(torch.equal(rows[i], plain[i]) for i in range(width)), width
+    finally:
+        for kind in X8_KINDS:
+            x8_pick.install(kind, {1: isas[0]})
+
+
 @pytest.mark.parametrize("kind, int8_chunk", [("Q4_1", 32), ("Q5_1", 256)])
 def test_the_default_prefill_chunk_follows_the_kernels(tmp_path, monkeypatch, kind, int8_chunk):
     """Unset (-1), a prefill chunk is 32 tokens where every linear runs int8 on an x8 copy (the same cost a

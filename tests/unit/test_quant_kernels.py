@@ -455,3 +455,81 @@ def test_norms_and_rope_match_transformers_formulas(which):
     q2 = ops.rope_store(file_qkv.view(n, -1), heads, kv_heads, cos, sin, k2, v2, start, interleaved=True)
     assert torch.equal(q2.view(n, heads, d), q.view(n, heads, d)[..., perm])
     assert torch.equal(k2[..., perm.argsort()], k_cache) and torch.equal(v2, v_cache)
+
+
+# ---- the int8 x8 GEMM picked per type and row count (verifier_service/x8_pick.py) -----------------------------
+PICKABLE = len(native.x8_isas()) > 1
+needs_pick = pytest.mark.skipif(not PICKABLE, reason="this CPU runs one x8 path: nothing to pick")
+
+
+@pytest.fixture
+def mixed_x8_table():
+    """Every x8 type's calls alternate between this CPU's x8 paths by row count (1 row the last path, 2 the
+    first, 3-4 the last, 5-8 the second, wider the first); the flags' path everywhere afterwards."""
+    from verifier_service import x8_pick
+
+    isas = native.x8_isas()
+    mixed = {1: isas[-1], 2: isas[0], 4: isas[-1], 8: isas[1], 32: isas[0]}
+    for kind in X8_KINDS:
+        x8_pick.install(kind, mixed)
+    yield mixed
+    for kind in X8_KINDS:
+        x8_pick.install(kind, {1: isas[0]})
+
+
+@needs_pick
+def test_picked_x8_paths_keep_rows_exact(gguf_weights, mixed_x8_table):
+    """With each row count on another x8 path, a row's result is still bit-identical at every width, alone or
+    side by side, and equal to the portable path's: the paths compute the same bits, so the pick is speed only."""
+    x = torch.randn(11, INNER, generator=torch.Generator().manual_seed(8))
+    parts = []
+    for kind in X8_KINDS:
+        raw, _ = gguf_weights[kind]
+        w = QuantWeight(kind, raw, OUT, INNER, activations="int8")           # isa None: the picked entry points
+        assert w._kernels.picked and w.x8 is not None
+        full = w.matmul(x)
+        assert torch.equal(full, int8_weight(gguf_weights, kind, "generic")[0].matmul(x)), kind
+        for width in range(1, 9):
+            assert torch.equal(w.matmul(x[1:1 + width]), full[1:1 + width]), (kind, width)
+        torch.set_num_threads(2)
+        assert torch.equal(w.matmul(x[4:5]), full[4:5]) and torch.equal(w.matmul(x[:3]), full[:3]), kind
+        torch.set_num_threads(1)
+        parts.append(w)
+    side = SideBySide(parts[:5])
+    own = torch.cat([p.matmul(x) for p in parts[:5]], dim=1)
+    for width in (1, 2, 3, 6, 11):
+        assert torch.equal(side.matmul(x[:width]), own[:width]), width
+
+
+@needs_pick
+def test_pick_times_every_x8_path_and_installs_the_fastest(gguf_weights, mixed_x8_table):
+    from verifier_service import x8_pick
+
+    weights = [QuantWeight(kind, gguf_weights[kind][0], OUT, INNER, activations="int8") for kind in ("Q4_K", "Q8_0")]
+    weights.append(QuantWeight("Q5_1", gguf_weights["Q5_1"][0], OUT, INNER, activations="int8"))   # no x8 copy
+    choices = x8_pick.pick(weights, threads=1, widths=(1, 3), repeats=1)
+    assert set(choices) == {"Q4_K", "Q8_0"}
+    assert all(set(c) == {1, 3} and set(c.values()) <= set(native.x8_isas()) for c in choices.values())
+    line = x8_pick.describe(choices)
+    assert line.startswith("Q4_K: ") and "; Q8_0: " in line
+    x = torch.randn(3, INNER, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(weights[0].matmul(x), int8_weight(gguf_weights, "Q4_K", "generic")[0].matmul(x))
+
+
+def test_forcing_an_isa_picks_nothing(gguf_weights, monkeypatch):
+    """TANDEM_ISA (--isa) names the path every call runs: no table, no measurement."""
+    from verifier_service import x8_pick
+
+    monkeypatch.setenv(native.ENV, native.x8_isas()[0] if native.x8_isas() else "generic")
+    w = QuantWeight("Q4_K", gguf_weights["Q4_K"][0], OUT, INNER, activations="int8")
+    assert not w._kernels.picked
+    assert x8_pick.pick([w], threads=1, widths=(1,), repeats=1) == {}
+
+
+def test_describe_names_each_types_paths_by_row_count():
+    from verifier_service.x8_pick import describe
+
+    assert describe({"Q4_K": {1: "avx2", 2: "avx2", 4: "avx512vnni", 8: "avx512vnni"},
+                     "Q6_K": {1: "avx512vnni", 2: "avx512vnni"}}) == "Q4_K: avx2 at 1-2 rows, avx512vnni from 3; Q6_K: avx512vnni"
+    assert describe({"Q8_0": {1: "avx2", 2: "avx512", 4: "avx512vnni"}}) == \
+        "Q8_0: avx2 at 1 row, avx512 at 2 rows, avx512vnni from 3"
