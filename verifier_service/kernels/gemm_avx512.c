@@ -41,10 +41,12 @@ static inline void half_pair(const uint8_t *p, __m512 *vd, __m512 *vm) {
         hi[r] = _mm512_fmadd_ps((wh), _mm512_loadu_ps(xr + 16), hi[r]);                                 \
     }
 
-/* 16 nibble indices (low nibbles of 16 bytes, or their high nibbles) as int32 lanes; bits above the
-   nibble may be set (vpermps ignores them) */
-static inline __m512i low_nibbles(__m128i q) { return _mm512_cvtepu8_epi32(q); }
-static inline __m512i high_nibbles(__m128i q) { return _mm512_cvtepu8_epi32(_mm_srli_epi16(q, 4)); }
+/* 16 bytes widened to int32 lanes once: as indices their low nibbles (vpermps reads an index's low 4 bits),
+   shifted right by 4 their high nibbles. One widening for both halves of a block: on Zen 4 a 512-bit widening
+   takes the shuffle units twice, and the fp32 forward is bound by them there (BENCHMARKS.md, twenty-fifth
+   session). */
+static inline __m512i byte_lanes(__m128i q) { return _mm512_cvtepu8_epi32(q); }
+static inline __m512i high_nibbles(__m512i bytes) { return _mm512_srli_epi32(bytes, 4); }
 
 static inline __m512 q8_times(const int8_t *q, __m512 vd) {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), vd);
@@ -82,18 +84,16 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
         }
         case TQ_Q4_0: {                                   /* table[q] = d * (q - 8) */
             const __m512 table = _mm512_mul_ps(_mm512_set1_ps(half(blk)), _mm512_sub_ps(IOTA, _mm512_set1_ps(8)));
-            const __m128i q = load16(blk + offsetof(block_q4_0, qs));
-            FMA_ROWS(_mm512_permutexvar_ps(low_nibbles(q), table), _mm512_permutexvar_ps(high_nibbles(q), table),
-                     b * 32);
+            const __m512i q = byte_lanes(load16(blk + offsetof(block_q4_0, qs)));
+            FMA_ROWS(_mm512_permutexvar_ps(q, table), _mm512_permutexvar_ps(high_nibbles(q), table), b * 32);
             break;
         }
         case TQ_Q4_1: {                                   /* table[q] = (d * q) + m */
             __m512 vd, vm;
             half_pair(blk, &vd, &vm);
             const __m512 table = _mm512_add_ps(_mm512_mul_ps(vd, IOTA), vm);
-            const __m128i q = load16(blk + offsetof(block_q4_1, qs));
-            FMA_ROWS(_mm512_permutexvar_ps(low_nibbles(q), table), _mm512_permutexvar_ps(high_nibbles(q), table),
-                     b * 32);
+            const __m512i q = byte_lanes(load16(blk + offsetof(block_q4_1, qs)));
+            FMA_ROWS(_mm512_permutexvar_ps(q, table), _mm512_permutexvar_ps(high_nibbles(q), table), b * 32);
             break;
         }
         case TQ_Q5_0:
@@ -110,8 +110,8 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
             }
             const uint8_t *p = blk + (one ? offsetof(block_q5_1, qh) : offsetof(block_q5_0, qh));
             const uint32_t qh = tq_u32(p);
-            const __m128i q = load16(p + 4);
-            __m512i il = _mm512_and_si512(low_nibbles(q), nib), ih = _mm512_and_si512(high_nibbles(q), nib);
+            const __m512i q = byte_lanes(load16(p + 4));
+            __m512i il = _mm512_and_si512(q, nib), ih = high_nibbles(q);
             il = _mm512_mask_or_epi32(il, (__mmask16)(qh & 0xFFFF), il, five);
             ih = _mm512_mask_or_epi32(ih, (__mmask16)(qh >> 16), ih, five);
             FMA_ROWS(_mm512_permutex2var_ps(t0, il, t1), _mm512_permutex2var_ps(t0, ih, t1), b * 32);
