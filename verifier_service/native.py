@@ -92,9 +92,9 @@ def runnable_isas() -> tuple[str, ...]:
 def isa() -> str:
     """The ISA in use: ``TANDEM_ISA`` when set (auto or empty: detect), else the best this CPU runs.
     Raises ValueError for an unknown name or one this CPU cannot run, naming the flag and the fix."""
-    forced = os.environ.get(ENV, "").strip().lower()
+    forced = _forced_name()
     best = runnable_isas()[0]
-    if forced in ("", "auto"):
+    if not forced:
         return best
     if forced not in ISAS:
         raise ValueError(f"--isa {forced!r} ({ENV}): not one of auto, {', '.join(ISAS)}")
@@ -296,9 +296,15 @@ def _kernels(which: str, picked: bool = False) -> Kernels:
     return Kernels(lib, which, picked)
 
 
+def _forced_name() -> str:
+    """The ISA ``TANDEM_ISA`` names, lower-case ('' when unset, empty or 'auto')."""
+    name = os.environ.get(ENV, "").strip().lower()
+    return "" if name == "auto" else name
+
+
 def forced() -> bool:
     """Whether ``TANDEM_ISA`` names an ISA (then every kernel is that ISA's: nothing is picked by measurement)."""
-    return os.environ.get(ENV, "").strip().lower() not in ("", "auto")
+    return bool(_forced_name())
 
 
 def x8_isas() -> tuple[str, ...]:
