@@ -85,9 +85,9 @@ class GgufModel:
             raise UnsupportedModel(f"{name} has shape {info.shape}, expected a matrix")
         out, inner = info.shape
         weight = W.from_gguf(info.kind, self.file.raw(name), out, inner)
-        if not isinstance(weight, W.BlockWeight) or weight.blocks.x8 is not None:
-            self.file.release(name)             # copied: the map's pages need not stay resident (the x8 copy
-                                                # of int8 blocks: rows() maps back the few pages it reads)
+        if not isinstance(weight, W.BlockWeight) or weight.blocks.x8 is not None or weight.blocks.scaled is not None:
+            self.file.release(name)             # copied: the map's pages need not stay resident (the x8 copy of
+                                                # int8 blocks, the fp32-scale copy of fp32 ones; rows() reads those)
         return weight
 
     def _vector(self, name: str) -> torch.Tensor:

@@ -17,10 +17,13 @@ the rebuilt weights times x in fp32, agreeing with transformers' forward of the 
 'int8': x rounded to int8 per 32 values and multiplied in integers, llama.cpp's arithmetic for quantized
 weights (kernels/gemm_q8.h; the forward 20-40 % faster on Zen 3; each value of x moves by up to half a
 rounding step). Kinds without an int8 form (F32, F16, BF16) stay fp32. Rows are exact either way, so plain steps
-and verify blocks agree bit for bit whichever is chosen. On x86, int8 Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K weights are also copied
+and verify blocks agree bit for bit whichever is chosen. With fp32 activations, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights are
+read from a copy whose blocks hold their scales as fp32 (``QuantWeight.scaled``, kernels/quants.h ``TQ_SCALED``):
+the same weights and bits, a broadcast load a scale instead of a conversion and register shuffles (on Zen 4 the
+fp32 forward is bound by its shuffles: BENCHMARKS.md, twenty-sixth session); 2-4 bytes more a block of 32. On x86, int8 Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K weights are also copied
 once into the x8 layout (8 weight rows interleaved, ``QuantWeight.x8``), which computes the same bits with
-less work per weight; ``rows()`` reads it too, so a GGUF target's loader releases the file's pages
-(``GgufModel._weight``): the copy takes their place in RAM.
+less work per weight; ``rows()`` reads it (and the fp32-scale copy) too, so a GGUF target's loader releases the
+file's pages (``GgufModel._weight``): the copy takes their place in RAM.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from verifier_service import native
 KINDS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 INT8_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")   # kernels/gemm_q8.h
 X8_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")   # int8 also on 8 interleaved weight rows (kernels/gemm_q8x8_x86.h)
+SCALED_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")   # fp32 also with fp32 scales (kernels/quants.h, TQ_SCALED)
+SCALED = 256                                               # kernels/quants.h: TQ_SCALED + a kind = its scaled form
 ACTIVATIONS = ("fp32", "int8")
 ACTIVATIONS_ENV = "TANDEM_ACTIVATIONS"
 CHUNK = 32   # every row is whole 32-weight chunks (and whole blocks of its kind)
@@ -95,7 +100,10 @@ class QuantWeight:
     """One weight [out, inner] of a GGUF file as its raw blocks (see the module docstring)."""
 
     def __init__(self, kind: str | GGMLQuantizationType | int, raw: np.ndarray, out: int, inner: int,
-                 isa: str | None = None, activations: str | None = None):
+                 isa: str | None = None, activations: str | None = None, scaled: bool = True):
+        """``scaled``: with fp32 activations, read Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks from a copy whose scales are
+        fp32 (``self.scaled``) rather than from the file's fp16 ones: the same weights and bits, fewer
+        instructions a block (False: the file's blocks, for comparing the two)."""
         self.kind = GGMLQuantizationType(kind).name if not isinstance(kind, str) else kind
         if self.kind not in KINDS:
             raise ValueError(f"GGUF type {self.kind} is not one the kernels read ({', '.join(KINDS)})")
@@ -126,6 +134,16 @@ class QuantWeight:
             if self._kernels.pack_q8x8(self._type, self._w, self._ldw, self.out, self.inner, self.x8.ctypes.data,
                                        torch.get_num_threads()):
                 raise RuntimeError(f"cannot interleave {self.kind} [{self.out}, {self.inner}]")
+        self.scaled = None        # the fp32-scale copy (fp32 activations, SCALED_KINDS): same bits, fewer instructions
+        if scaled and self.activations == "fp32" and self.kind in SCALED_KINDS:
+            blocks = self.inner // CHUNK
+            extra = 4 if self.kind in ("Q4_1", "Q5_1") else 2           # fp32 instead of fp16 scales, a block
+            self.scaled = np.empty((self.out, self.row_bytes + blocks * extra), dtype=np.uint8)
+            if self._kernels.repack_scaled(self._type, self._w, self._ldw, self.out, self.inner,
+                                           self.scaled.ctypes.data, torch.get_num_threads()):
+                raise RuntimeError(f"cannot widen the scales of {self.kind} [{self.out}, {self.inner}]")
+            self._type += SCALED
+            self._w, self._ldw = self.scaled.ctypes.data, self.scaled.strides[0]
 
     @property
     def nbytes(self) -> int:
@@ -168,7 +186,7 @@ class QuantWeight:
                 raise IndexError(f"row ids must be in [0, {self.out})")
         y = torch.empty(n, self.inner)
         at = None if index is None else index.ctypes.data
-        if self.x8 is not None:                          # the copy: the file's pages may have been released
+        if self.x8 is not None:                          # the copy (so is ``scaled``): the file's pages may be released
             rc = self._kernels.dequantize_rows_q8x8(self._type, self.x8.ctypes.data, self.inner, at, n, y.data_ptr(),
                                                     torch.get_num_threads())
         else:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from verifier_service import native
-from verifier_service.quant import INT8_KINDS, KINDS, X8_KINDS, Ops, QuantWeight, SideBySide
+from verifier_service.quant import INT8_KINDS, KINDS, SCALED_KINDS, X8_KINDS, Ops, QuantWeight, SideBySide
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"C kernels unavailable: {native.unavailable_reason()}")
 
@@ -199,6 +199,31 @@ def test_rows_do_not_depend_on_width_or_threads(gguf_weights, kind, which):
     # a prompt chunk or a shared forward: up to 33 rows, several row groups through each tile of columns
     wide = torch.randn(33, INNER, generator=torch.Generator().manual_seed(4))
     assert torch.equal(w.matmul(wide)[[0, 8, 17, 32]], torch.cat([w.matmul(wide[i:i + 1]) for i in (0, 8, 17, 32)]))
+
+
+@pytest.mark.parametrize("which", ISAS)
+@pytest.mark.parametrize("kind", SCALED_KINDS)
+def test_fp32_scale_copy_gives_the_files_blocks_bits(gguf_weights, kind, which):
+    """With fp32 activations a legacy weight is read from a copy of its blocks whose scales are fp32 (one
+    broadcast load a scale instead of a conversion): every output, at every width and thread count, and every
+    row it gives are those of the file's own blocks, bit for bit. int8 activations keep the file's blocks."""
+    import gguf
+
+    raw, ref = gguf_weights[kind]
+    copy = QuantWeight(kind, raw, OUT, INNER, isa=which)
+    blocks = QuantWeight(kind, raw, OUT, INNER, isa=which, scaled=False)
+    assert copy.scaled is not None and blocks.scaled is None
+    size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]][1]
+    assert copy.scaled.shape == (OUT, INNER // 32 * (size + (4 if kind in ("Q4_1", "Q5_1") else 2)))
+    gen = torch.Generator().manual_seed(5)
+    x, bias = torch.randn(12, INNER, generator=gen), torch.randn(OUT, generator=gen)
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        for width in (1, 2, 3, 4, 5, 8, 9, 12):
+            assert torch.equal(copy.matmul(x[:width], bias), blocks.matmul(x[:width], bias)), (threads, width)
+    ids = [39, 0, 7, 7, 21]
+    assert torch.equal(copy.rows(ids), ref[ids]) and torch.equal(copy.dequantize(), ref)
+    assert QuantWeight(kind, raw, OUT, INNER, isa=which, activations="int8").scaled is None
 
 
 @pytest.mark.parametrize("which", ISAS)

@@ -33,6 +33,17 @@ static inline __m256 f32(__m256i v) { return _mm256_cvtepi32_ps(v); }
         for (int k = 0; k < 4; k++) acc[r][k] = _mm256_fmadd_ps((w)[k], _mm256_loadu_ps(xr + 8 * k), acc[r][k]); \
     }
 
+/* A legacy block's scale i broadcast: fp16 (the file's layout) converted, or fp32 (the scaled layout) by one
+   broadcast load. */
+static inline __m256 scale(int kind, const uint8_t *p, int i) {
+    if (tq_is_scaled(kind)) {
+        float f;
+        memcpy(&f, p + 4 * i, 4);
+        return _mm256_set1_ps(f);
+    }
+    return _mm256_set1_ps(half(p + 2 * i));
+}
+
 /* The 4-bit values of elements 8k..8k+7 of a legacy block (qs: its 16 nibble bytes). */
 static inline __m256i nibbles(const uint8_t *qs, int k) {
     const __m256i v = u8x8(qs + 8 * (k % 2));
@@ -74,43 +85,43 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
                     _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(blk + 16 * k))), 16));
             FMA_ROWS(w, b * 32);
             break;
-        case TQ_Q4_0: {                                   /* d * (q - 8) */
-            const __m256 vd = _mm256_set1_ps(half(blk));
-            const uint8_t *qs = blk + offsetof(block_q4_0, qs);
+        case TQ_Q4_0: case TQ_Q4_0S: {                    /* d * (q - 8) */
+            const __m256 vd = scale(kind, blk, 0);
+            const uint8_t *qs = blk + tq_scale_bytes(kind);
             for (int k = 0; k < 4; k++)
                 w[k] = _mm256_mul_ps(vd, f32(_mm256_sub_epi32(nibbles(qs, k), _mm256_set1_epi32(8))));
             FMA_ROWS(w, b * 32);
             break;
         }
-        case TQ_Q4_1: {                                   /* (d * q) + m */
-            const __m256 vd = _mm256_set1_ps(half(blk)), vm = _mm256_set1_ps(half(blk + 2));
-            const uint8_t *qs = blk + offsetof(block_q4_1, qs);
+        case TQ_Q4_1: case TQ_Q4_1S: {                    /* (d * q) + m */
+            const __m256 vd = scale(kind, blk, 0), vm = scale(kind, blk, 1);
+            const uint8_t *qs = blk + tq_scale_bytes(kind);
             for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(vd, f32(nibbles(qs, k)), vm);   /* d * q exact */
             FMA_ROWS(w, b * 32);
             break;
         }
-        case TQ_Q5_0: {                                   /* d * (q - 16) */
-            const __m256 vd = _mm256_set1_ps(half(blk));
-            const __m256i q5 = _mm256_or_si256(nibble_bytes(blk + offsetof(block_q5_0, qs)),
-                                               fifth_bit_bytes(tq_u32(blk + offsetof(block_q5_0, qh))));
+        case TQ_Q5_0: case TQ_Q5_0S: {                    /* d * (q - 16) */
+            const __m256 vd = scale(kind, blk, 0);
+            const uint8_t *rest = blk + tq_scale_bytes(kind);               /* qh[4], then qs */
+            const __m256i q5 = _mm256_or_si256(nibble_bytes(rest + 4), fifth_bit_bytes(tq_u32(rest)));
             __m256i q[4];
             BYTES_TO_LANES(_mm256_cvtepi8_epi32, _mm256_sub_epi8(q5, _mm256_set1_epi8(16)), q);
             for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(vd, f32(q[k]));
             FMA_ROWS(w, b * 32);
             break;
         }
-        case TQ_Q5_1: {                                   /* (d * q) + m */
-            const __m256 vd = _mm256_set1_ps(half(blk)), vm = _mm256_set1_ps(half(blk + 2));
+        case TQ_Q5_1: case TQ_Q5_1S: {                    /* (d * q) + m */
+            const __m256 vd = scale(kind, blk, 0), vm = scale(kind, blk, 1);
+            const uint8_t *rest = blk + tq_scale_bytes(kind);               /* qh[4], then qs */
             __m256i q[4];
-            BYTES_TO_LANES(_mm256_cvtepu8_epi32, _mm256_or_si256(nibble_bytes(blk + offsetof(block_q5_1, qs)),
-                                                                 fifth_bit_bytes(tq_u32(blk + offsetof(block_q5_1, qh)))), q);
+            BYTES_TO_LANES(_mm256_cvtepu8_epi32, _mm256_or_si256(nibble_bytes(rest + 4), fifth_bit_bytes(tq_u32(rest))), q);
             for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(vd, f32(q[k]), vm);
             FMA_ROWS(w, b * 32);
             break;
         }
-        case TQ_Q8_0: {                                   /* q * d */
-            const __m256 vd = _mm256_set1_ps(half(blk));
-            const uint8_t *qs = blk + offsetof(block_q8_0, qs);
+        case TQ_Q8_0: case TQ_Q8_0S: {                    /* q * d */
+            const __m256 vd = scale(kind, blk, 0);
+            const uint8_t *qs = blk + tq_scale_bytes(kind);
             for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(f32(i8x8(qs + 8 * k)), vd);
             FMA_ROWS(w, b * 32);
             break;

@@ -22,9 +22,26 @@
 
 static inline __m128i load16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
 
-/* A Q4_1/Q5_1 block's d and m (two fp16 at p) broadcast: one 32-bit broadcast load, one conversion (lanes
-   alternate d, m), two in-lane shuffles. */
-static inline void half_pair(const uint8_t *p, __m512 *vd, __m512 *vm) {
+/* A legacy block's scale i broadcast: fp16 (the file's layout) converted, or fp32 (the scaled layout) by one
+   broadcast load, which takes no shuffle unit (on Zen 4, where a 512-bit shuffle takes them twice, the fp32
+   forward is bound by them: BENCHMARKS.md, twenty-sixth session). */
+static inline __m512 scale(int kind, const uint8_t *p, int i) {
+    if (tq_is_scaled(kind)) {
+        float f;
+        memcpy(&f, p + 4 * i, 4);
+        return _mm512_set1_ps(f);
+    }
+    return _mm512_set1_ps(half(p + 2 * i));
+}
+
+/* Scales 0 and 1 (Q4_1/Q5_1: d and m) broadcast. The file's fp16 pair: one 32-bit broadcast load, one
+   conversion (lanes alternate d, m), two in-lane shuffles; the scaled layout: two broadcast loads. */
+static inline void scale_pair(int kind, const uint8_t *p, __m512 *vd, __m512 *vm) {
+    if (tq_is_scaled(kind)) {
+        *vd = scale(kind, p, 0);
+        *vm = scale(kind, p, 1);
+        return;
+    }
     const __m512 dm = _mm512_cvtph_ps(_mm256_set1_epi32((int)tq_u32(p)));
     *vd = _mm512_shuffle_ps(dm, dm, 0x00);
     *vm = _mm512_shuffle_ps(dm, dm, 0x55);
@@ -82,25 +99,25 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
             FMA_ROWS(wl, wh, b * 32);
             break;
         }
-        case TQ_Q4_0: {                                   /* table[q] = d * (q - 8) */
-            const __m512 table = _mm512_mul_ps(_mm512_set1_ps(half(blk)), _mm512_sub_ps(IOTA, _mm512_set1_ps(8)));
-            const __m512i q = byte_lanes(load16(blk + offsetof(block_q4_0, qs)));
+        case TQ_Q4_0: case TQ_Q4_0S: {                    /* table[q] = d * (q - 8) */
+            const __m512 table = _mm512_mul_ps(scale(kind, blk, 0), _mm512_sub_ps(IOTA, _mm512_set1_ps(8)));
+            const __m512i q = byte_lanes(load16(blk + tq_scale_bytes(kind)));
             FMA_ROWS(_mm512_permutexvar_ps(q, table), _mm512_permutexvar_ps(high_nibbles(q), table), b * 32);
             break;
         }
-        case TQ_Q4_1: {                                   /* table[q] = (d * q) + m */
+        case TQ_Q4_1: case TQ_Q4_1S: {                    /* table[q] = (d * q) + m */
             __m512 vd, vm;
-            half_pair(blk, &vd, &vm);
+            scale_pair(kind, blk, &vd, &vm);
             const __m512 table = _mm512_add_ps(_mm512_mul_ps(vd, IOTA), vm);
-            const __m512i q = byte_lanes(load16(blk + offsetof(block_q4_1, qs)));
+            const __m512i q = byte_lanes(load16(blk + tq_scale_bytes(kind)));
             FMA_ROWS(_mm512_permutexvar_ps(q, table), _mm512_permutexvar_ps(high_nibbles(q), table), b * 32);
             break;
         }
-        case TQ_Q5_0:
-        case TQ_Q5_1: {                                   /* 32-entry tables: q = nibble | qh bit << 4 */
-            const int one = kind == TQ_Q5_1;
+        case TQ_Q5_0: case TQ_Q5_0S:
+        case TQ_Q5_1: case TQ_Q5_1S: {                    /* 32-entry tables: q = nibble | qh bit << 4 */
+            const int one = kind == TQ_Q5_1 || kind == TQ_Q5_1S;
             __m512 vd, vm, t0, t1;
-            half_pair(blk, &vd, &vm);                     /* Q5_0: vm is the first bytes of qh, unused */
+            scale_pair(kind, blk, &vd, &vm);              /* Q5_0: vm is the first bytes of qh, unused */
             if (one) {                                    /* (d * q) + m */
                 t0 = _mm512_add_ps(_mm512_mul_ps(vd, IOTA), vm);
                 t1 = _mm512_add_ps(_mm512_mul_ps(vd, IOTA16), vm);
@@ -108,7 +125,7 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
                 t0 = _mm512_mul_ps(vd, _mm512_sub_ps(IOTA, _mm512_set1_ps(16)));
                 t1 = _mm512_mul_ps(vd, IOTA);
             }
-            const uint8_t *p = blk + (one ? offsetof(block_q5_1, qh) : offsetof(block_q5_0, qh));
+            const uint8_t *p = blk + tq_scale_bytes(kind);
             const uint32_t qh = tq_u32(p);
             const __m512i q = byte_lanes(load16(p + 4));
             __m512i il = _mm512_and_si512(q, nib), ih = high_nibbles(q);
@@ -117,9 +134,9 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
             FMA_ROWS(_mm512_permutex2var_ps(t0, il, t1), _mm512_permutex2var_ps(t0, ih, t1), b * 32);
             break;
         }
-        case TQ_Q8_0: {                                   /* q * d */
-            const __m512 vd = _mm512_set1_ps(half(blk));
-            const int8_t *q = (const int8_t *)(blk + offsetof(block_q8_0, qs));
+        case TQ_Q8_0: case TQ_Q8_0S: {                    /* q * d */
+            const __m512 vd = scale(kind, blk, 0);
+            const int8_t *q = (const int8_t *)(blk + tq_scale_bytes(kind));
             FMA_ROWS(q8_times(q, vd), q8_times(q + 16, vd), b * 32);
             break;
         }

@@ -41,12 +41,15 @@ typedef void (*rows_fn)(const float *, int64_t, const uint8_t *, const float *, 
 
 ROWS_FNS(TQ_F32) ROWS_FNS(TQ_F16) ROWS_FNS(TQ_BF16) ROWS_FNS(TQ_Q4_0) ROWS_FNS(TQ_Q4_1) ROWS_FNS(TQ_Q5_0)
 ROWS_FNS(TQ_Q5_1) ROWS_FNS(TQ_Q8_0) ROWS_FNS(TQ_Q4_K) ROWS_FNS(TQ_Q5_K) ROWS_FNS(TQ_Q6_K)
+ROWS_FNS(TQ_Q4_0S) ROWS_FNS(TQ_Q4_1S) ROWS_FNS(TQ_Q5_0S) ROWS_FNS(TQ_Q5_1S) ROWS_FNS(TQ_Q8_0S)
 
 static const rows_fn *rows_of(int kind) {
     static const rows_fn f32[] = ROWS_TABLE(TQ_F32), f16[] = ROWS_TABLE(TQ_F16), bf16[] = ROWS_TABLE(TQ_BF16),
                          q4_0[] = ROWS_TABLE(TQ_Q4_0), q4_1[] = ROWS_TABLE(TQ_Q4_1), q5_0[] = ROWS_TABLE(TQ_Q5_0),
                          q5_1[] = ROWS_TABLE(TQ_Q5_1), q8_0[] = ROWS_TABLE(TQ_Q8_0), q4_k[] = ROWS_TABLE(TQ_Q4_K),
-                         q5_k[] = ROWS_TABLE(TQ_Q5_K), q6_k[] = ROWS_TABLE(TQ_Q6_K);
+                         q5_k[] = ROWS_TABLE(TQ_Q5_K), q6_k[] = ROWS_TABLE(TQ_Q6_K),
+                         q4_0s[] = ROWS_TABLE(TQ_Q4_0S), q4_1s[] = ROWS_TABLE(TQ_Q4_1S), q5_0s[] = ROWS_TABLE(TQ_Q5_0S),
+                         q5_1s[] = ROWS_TABLE(TQ_Q5_1S), q8_0s[] = ROWS_TABLE(TQ_Q8_0S);
     switch (kind) {
     case TQ_F32: return f32;
     case TQ_F16: return f16;
@@ -59,6 +62,11 @@ static const rows_fn *rows_of(int kind) {
     case TQ_Q4_K: return q4_k;
     case TQ_Q5_K: return q5_k;
     case TQ_Q6_K: return q6_k;
+    case TQ_Q4_0S: return q4_0s;
+    case TQ_Q4_1S: return q4_1s;
+    case TQ_Q5_0S: return q5_0s;
+    case TQ_Q5_1S: return q5_1s;
+    case TQ_Q8_0S: return q8_0s;
     default: return 0;
     }
 }

@@ -46,6 +46,28 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
 #define TQ_GEMM_PARTS_NAME tq_gemm_parts_generic
 #include "gemm_dispatch.h"
 
+/* The scaled copy of a legacy weight (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 -> TQ_SCALED + kind): every block with its
+   fp16 scales widened to fp32 (exact), the rest of the block as it was. dst: ``out`` rows of inner / 32 blocks
+   of tq_block_bytes(TQ_SCALED + kind) bytes, packed. Returns 0, or -1 for another kind or shape. */
+int tq_repack_scaled(int kind, const uint8_t *w, int64_t ldw, int64_t out, int64_t inner, uint8_t *dst, int threads) {
+    if (kind >= TQ_SCALED || tq_block_bytes(TQ_SCALED + kind) <= 0 || !tq_gemm_shape_ok(kind, inner)) return -1;
+    const int skind = TQ_SCALED + kind, bb = tq_block_bytes(kind), sb = tq_block_bytes(skind);
+    const int hs = tq_scale_bytes(kind), hd = tq_scale_bytes(skind), scales = tq_scales(kind);
+    const int64_t nb = inner / QK;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t o = 0; o < out; o++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *from = w + o * ldw + b * bb;
+            uint8_t *to = dst + (o * nb + b) * sb;
+            for (int i = 0; i < scales; i++) {
+                const float f = tq_scale(kind, from, i);
+                memcpy(to + 4 * i, &f, 4);
+            }
+            memcpy(to + hd, from + hs, (size_t)(bb - hs));
+        }
+    return 0;
+}
+
 /* y [n, inner] = the exact weights of rows ids[0..n-1] (ids NULL: rows 0..n-1). Returns 0 or -1. */
 int tq_dequantize_rows(int kind, const uint8_t *w, int64_t ldw, const int64_t *ids, int64_t n, int64_t inner,
                        float *y, int threads) {

@@ -19,6 +19,11 @@
 enum tq_kind {
     TQ_F32 = 0, TQ_F16 = 1, TQ_Q4_0 = 2, TQ_Q4_1 = 3, TQ_Q5_0 = 6, TQ_Q5_1 = 7, TQ_Q8_0 = 8,
     TQ_Q4_K = 12, TQ_Q5_K = 13, TQ_Q6_K = 14, TQ_BF16 = 30,
+    /* a legacy kind's blocks with their fp16 scales widened to fp32 (tq_repack_scaled): the same weights, read
+       with one broadcast load a scale instead of a conversion and in-register broadcasts */
+    TQ_SCALED = 256,
+    TQ_Q4_0S = TQ_SCALED + TQ_Q4_0, TQ_Q4_1S = TQ_SCALED + TQ_Q4_1, TQ_Q5_0S = TQ_SCALED + TQ_Q5_0,
+    TQ_Q5_1S = TQ_SCALED + TQ_Q5_1, TQ_Q8_0S = TQ_SCALED + TQ_Q8_0,
 };
 
 #define QK 32      /* weights in a legacy block (Q4_0 ... Q8_0) */
@@ -42,6 +47,16 @@ _Static_assert(sizeof(block_q4_0) == 18 && sizeof(block_q4_1) == 20 && sizeof(bl
                sizeof(block_q5_1) == 24 && sizeof(block_q8_0) == 34 && sizeof(block_q4_K) == 144 &&
                sizeof(block_q5_K) == 176 && sizeof(block_q6_K) == 210, "GGUF block sizes");
 
+/* A legacy block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) is its scales (d; Q4_1/Q5_1 also m) then the rest (Q5: qh[4];
+   then qs). Its scaled form (TQ_SCALED + kind) is the same block with each scale as fp32: 4 bytes more a block
+   (2 more for Q4_0/Q5_0/Q8_0), and no conversion when read. */
+static inline int tq_is_scaled(int kind) { return kind >= TQ_SCALED; }
+static inline int tq_scales(int kind) {
+    const int base = kind >= TQ_SCALED ? kind - TQ_SCALED : kind;
+    return base == TQ_Q4_1 || base == TQ_Q5_1 ? 2 : 1;
+}
+static inline int tq_scale_bytes(int kind) { return tq_scales(kind) * (kind >= TQ_SCALED ? 4 : 2); }
+
 /* Weights per block, and bytes per block (0: a kind these kernels do not read). */
 static inline int tq_block_weights(int kind) {
     return kind == TQ_Q4_K || kind == TQ_Q5_K || kind == TQ_Q6_K ? QK_K : QK;
@@ -59,6 +74,8 @@ static inline int tq_block_bytes(int kind) {
     case TQ_Q4_K: return sizeof(block_q4_K);
     case TQ_Q5_K: return sizeof(block_q5_K);
     case TQ_Q6_K: return sizeof(block_q6_K);
+    case TQ_Q4_0S: case TQ_Q4_1S: case TQ_Q5_0S: case TQ_Q5_1S: case TQ_Q8_0S:
+        return tq_block_bytes(kind - TQ_SCALED) + tq_scale_bytes(kind) - tq_scale_bytes(kind - TQ_SCALED);
     default: return 0;
     }
 }
@@ -113,29 +130,35 @@ static inline void tq_k4_decode(int kind, const uint8_t *b, tq_k4_block *k) {
     k->qh = b + offsetof(block_q5_K, qh);
 }
 
+/* Scale i of a legacy block at b, in the file's layout (fp16) or the scaled one (fp32): the same value. */
+static inline float tq_scale(int kind, const uint8_t *b, int i) {
+    return kind >= TQ_SCALED ? tq_f32_bits(tq_u32(b + 4 * i)) : tq_half_to_float(tq_u16(b + 2 * i));
+}
+
 /* ---- one block -> its weights, as gguf-py computes them -------------------------------------------- */
-static inline void tq_dequant_q4_0(const uint8_t *b, float *y) {
-    const float d = tq_half_to_float(tq_u16(b));
-    const uint8_t *qs = b + offsetof(block_q4_0, qs);
+/* (legacy kinds: either layout, ``kind`` saying which; ``rest`` where qh/qs begin) */
+static inline void tq_dequant_q4_0(int kind, const uint8_t *b, float *y) {
+    const float d = tq_scale(kind, b, 0);
+    const uint8_t *qs = b + tq_scale_bytes(kind);
     for (int j = 0; j < QK / 2; j++) {
         y[j] = d * (float)((qs[j] & 0x0F) - 8);
         y[j + QK / 2] = d * (float)((qs[j] >> 4) - 8);
     }
 }
 
-static inline void tq_dequant_q4_1(const uint8_t *b, float *y) {
-    const float d = tq_half_to_float(tq_u16(b)), m = tq_half_to_float(tq_u16(b + 2));
-    const uint8_t *qs = b + offsetof(block_q4_1, qs);
+static inline void tq_dequant_q4_1(int kind, const uint8_t *b, float *y) {
+    const float d = tq_scale(kind, b, 0), m = tq_scale(kind, b, 1);
+    const uint8_t *qs = b + tq_scale_bytes(kind);
     for (int j = 0; j < QK / 2; j++) {
         y[j] = (d * (float)(qs[j] & 0x0F)) + m;
         y[j + QK / 2] = (d * (float)(qs[j] >> 4)) + m;
     }
 }
 
-static inline void tq_dequant_q5_0(const uint8_t *b, float *y) {
-    const float d = tq_half_to_float(tq_u16(b));
-    const uint32_t qh = tq_u32(b + offsetof(block_q5_0, qh));
-    const uint8_t *qs = b + offsetof(block_q5_0, qs);
+static inline void tq_dequant_q5_0(int kind, const uint8_t *b, float *y) {
+    const float d = tq_scale(kind, b, 0);
+    const uint32_t qh = tq_u32(b + tq_scale_bytes(kind));
+    const uint8_t *qs = b + tq_scale_bytes(kind) + 4;
     for (int j = 0; j < QK / 2; j++) {
         const int lo = (qs[j] & 0x0F) | (int)(((qh >> j) & 1) << 4);
         const int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
@@ -144,10 +167,10 @@ static inline void tq_dequant_q5_0(const uint8_t *b, float *y) {
     }
 }
 
-static inline void tq_dequant_q5_1(const uint8_t *b, float *y) {
-    const float d = tq_half_to_float(tq_u16(b)), m = tq_half_to_float(tq_u16(b + 2));
-    const uint32_t qh = tq_u32(b + offsetof(block_q5_1, qh));
-    const uint8_t *qs = b + offsetof(block_q5_1, qs);
+static inline void tq_dequant_q5_1(int kind, const uint8_t *b, float *y) {
+    const float d = tq_scale(kind, b, 0), m = tq_scale(kind, b, 1);
+    const uint32_t qh = tq_u32(b + tq_scale_bytes(kind));
+    const uint8_t *qs = b + tq_scale_bytes(kind) + 4;
     for (int j = 0; j < QK / 2; j++) {
         const int lo = (qs[j] & 0x0F) | (int)(((qh >> j) & 1) << 4);
         const int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
@@ -156,9 +179,9 @@ static inline void tq_dequant_q5_1(const uint8_t *b, float *y) {
     }
 }
 
-static inline void tq_dequant_q8_0(const uint8_t *b, float *y) {
-    const float d = tq_half_to_float(tq_u16(b));
-    const int8_t *qs = (const int8_t *)(b + offsetof(block_q8_0, qs));
+static inline void tq_dequant_q8_0(int kind, const uint8_t *b, float *y) {
+    const float d = tq_scale(kind, b, 0);
+    const int8_t *qs = (const int8_t *)(b + tq_scale_bytes(kind));
     for (int j = 0; j < QK; j++) y[j] = (float)qs[j] * d;
 }
 
@@ -209,11 +232,11 @@ static inline __attribute__((always_inline)) void tq_dequant_block(int kind, con
     case TQ_F32: memcpy(y, b, 4 * QK_F); break;
     case TQ_F16: for (int j = 0; j < QK_F; j++) y[j] = tq_half_to_float(tq_u16(b + 2 * j)); break;
     case TQ_BF16: for (int j = 0; j < QK_F; j++) y[j] = tq_bf16_to_float(tq_u16(b + 2 * j)); break;
-    case TQ_Q4_0: tq_dequant_q4_0(b, y); break;
-    case TQ_Q4_1: tq_dequant_q4_1(b, y); break;
-    case TQ_Q5_0: tq_dequant_q5_0(b, y); break;
-    case TQ_Q5_1: tq_dequant_q5_1(b, y); break;
-    case TQ_Q8_0: tq_dequant_q8_0(b, y); break;
+    case TQ_Q4_0: case TQ_Q4_0S: tq_dequant_q4_0(kind, b, y); break;
+    case TQ_Q4_1: case TQ_Q4_1S: tq_dequant_q4_1(kind, b, y); break;
+    case TQ_Q5_0: case TQ_Q5_0S: tq_dequant_q5_0(kind, b, y); break;
+    case TQ_Q5_1: case TQ_Q5_1S: tq_dequant_q5_1(kind, b, y); break;
+    case TQ_Q8_0: case TQ_Q8_0S: tq_dequant_q8_0(kind, b, y); break;
     case TQ_Q4_K: tq_dequant_q4_K(b, y); break;
     case TQ_Q5_K: tq_dequant_q5_K(b, y); break;
     case TQ_Q6_K: tq_dequant_q6_K(b, y); break;
