@@ -79,12 +79,13 @@ class GgufModel:
         return sorted(by, key=by.get, reverse=True)
 
     # ---- weights -----------------------------------------------------------------------------------
-    def _weight(self, name: str) -> W.Weight:
+    def _weight(self, name: str, gemm: bool = True) -> W.Weight:
+        """``gemm``: False for a weight only looked up by rows (an untied embedding)."""
         info = self.file.tensors[name]
         if len(info.shape) != 2:
             raise UnsupportedModel(f"{name} has shape {info.shape}, expected a matrix")
         out, inner = info.shape
-        weight = W.from_gguf(info.kind, self.file.raw(name), out, inner)
+        weight = W.from_gguf(info.kind, self.file.raw(name), out, inner, gemm)
         if not isinstance(weight, W.BlockWeight) or weight.blocks.x8 is not None or weight.blocks.scaled is not None:
             self.file.release(name)             # copied: the map's pages need not stay resident (the x8 copy of
                                                 # int8 blocks, the fp32-scale copy of fp32 ones; rows() reads those)
@@ -101,8 +102,9 @@ class GgufModel:
         s = self.spec
         if s is None:
             raise UnsupportedModel(self.unsupported)
-        embed = self._weight("token_embd.weight")
-        head = self._weight("output.weight") if self._has("output.weight") else embed
+        tied = not self._has("output.weight")
+        embed = self._weight("token_embd.weight", gemm=tied)        # untied: only rows are looked up
+        head = embed if tied else self._weight("output.weight")
         layers = []
         for i in range(s.layers):
             p = f"blk.{i}."

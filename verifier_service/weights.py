@@ -103,11 +103,12 @@ class BlockWeight(Weight):
     """A GGUF tensor as its blocks, read where they lie (``raw``: [out, bytes a row], a view of the file's
     map) by the C kernels (``quant.QuantWeight``)."""
 
-    def __init__(self, kind: str, raw: np.ndarray, out: int, inner: int):
+    def __init__(self, kind: str, raw: np.ndarray, out: int, inner: int, gemm: bool = True):
+        """``gemm``: False for a weight only looked up by rows (an untied embedding): no copy made for speed."""
         super().__init__()
         from verifier_service.quant import QuantWeight
 
-        self.blocks = QuantWeight(kind, raw, out, inner)
+        self.blocks = QuantWeight(kind, raw, out, inner, scaled=gemm)
         self.kind, self.out, self.inner = kind, int(out), int(inner)
 
     def matmul_into(self, x: torch.Tensor, y: torch.Tensor, column: int = 0) -> None:
@@ -197,11 +198,12 @@ def has_kernel(kind: str, inner: int) -> bool:
             and inner % CHUNK == 0)
 
 
-def from_gguf(kind: str, raw: np.ndarray, out: int, inner: int) -> Weight:
+def from_gguf(kind: str, raw: np.ndarray, out: int, inner: int, gemm: bool = True) -> Weight:
     """The weight for a GGUF tensor: its blocks where a kernel reads them here, else its values in fp32
-    (``DenseWeight``, a copy: the caller may drop the map's pages)."""
+    (``DenseWeight``, a copy: the caller may drop the map's pages). ``gemm``: False for a weight only looked up by
+    rows (``BlockWeight``)."""
     if has_kernel(kind, inner):
-        return BlockWeight(kind, raw, out, inner)
+        return BlockWeight(kind, raw, out, inner, gemm)
     if kind in ("F32", "F16"):
         return DenseWeight(torch.from_numpy(np.array(raw, dtype=np.float32)).reshape(out, inner), kind)
     return DenseWeight(dequantize(kind, raw, out, inner), kind)

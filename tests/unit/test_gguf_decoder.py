@@ -129,6 +129,32 @@ def test_every_block_type(tmp_path, kind):
     assert torch.equal(logits(decoder, SEQ, range(1, len(SEQ)))[-5:], logits(decoder, SEQ, [len(SEQ) - 5])[-5:])
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_fp32_scale_copies_change_no_logit(tmp_path, monkeypatch, tied):
+    """With fp32 activations the legacy blocks are read from copies whose scales are fp32 (quant.QuantWeight.scaled):
+    every logit of a prompt and of plain steps is the bits the file's own blocks give. An untied embedding, only
+    looked up by rows, gets no copy."""
+    if native.library() is None:
+        pytest.skip(f"C kernels unavailable: {native.unavailable_reason()}")
+    from verifier_service import quant
+
+    path = write(tmp_path / "legacy.gguf", arch="llama", std=0.3, seed=3, tied=tied,
+                 kinds={"default": "Q4_1", "attn_v": "Q5_0", "ffn_down": "Q5_1", "attn_output": "Q4_0",
+                        "token_embd": "Q8_0", "output": "Q8_0"})
+    copies = decoder_of(path, "native")
+    blocks = [m for m in copies.linears.modules() if isinstance(m, BlockWeight)]
+    assert blocks and all(m.blocks.scaled is not None for m in blocks)
+    embed = copies.weights.embed
+    assert (embed.blocks.scaled is not None) == tied            # tied: it is the head too
+    original = quant.QuantWeight.__init__
+    monkeypatch.setattr(quant.QuantWeight, "__init__",
+                        lambda self, *a, **k: original(self, *a, **{**k, "scaled": False}))
+    files = decoder_of(path, "native")
+    assert all(m.blocks.scaled is None for m in files.linears.modules() if isinstance(m, BlockWeight))
+    for split in ([len(SEQ)], range(1, len(SEQ)), [5, len(SEQ)]):
+        assert torch.equal(logits(copies, SEQ, split), logits(files, SEQ, split)), split
+
+
 def test_a_wide_prefill_agrees_with_plain_steps(tiny_gguf_files):
     """A prefill chunk of more rows than the kernels take (dequantize a chunk at a time, torch's GEMM) gives the
     plain steps' logits to fp32 rounding, and the plain steps after it are the same tokens."""
