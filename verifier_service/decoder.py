@@ -155,6 +155,10 @@ class Decoder:
         if arithmetic:
             self.gemm_note += (", int8 activations (llama.cpp's arithmetic: --activations)" if "int8" in arithmetic
                                else ", fp32 activations")
+        scaled = sorted({m.blocks.kind for m in self.linears.modules()
+                         if hasattr(m, "blocks") and m.blocks.scaled is not None})
+        if scaled:
+            self.gemm_note += f"; {'/'.join(scaled)} with fp32 scales (the same weights, fewer instructions)"
         self.x8_choices = x8_pick.pick([m.blocks for m in self.linears.modules() if hasattr(m, "blocks")])
         if self.x8_choices:
             self.gemm_note += f"; int8 x8 GEMM measured: {x8_pick.describe(self.x8_choices)}"

@@ -144,6 +144,7 @@ def test_fp32_scale_copies_change_no_logit(tmp_path, monkeypatch, tied):
     copies = decoder_of(path, "native")
     blocks = [m for m in copies.linears.modules() if isinstance(m, BlockWeight)]
     assert blocks and all(m.blocks.scaled is not None for m in blocks)
+    assert "Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 with fp32 scales" in copies.gemm_note     # the start-up line says so
     embed = copies.weights.embed
     assert (embed.blocks.scaled is not None) == tied            # tied: it is the head too
     original = quant.QuantWeight.__init__
