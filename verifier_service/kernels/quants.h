@@ -136,7 +136,7 @@ static inline float tq_scale(int kind, const uint8_t *b, int i) {
 }
 
 /* ---- one block -> its weights, as gguf-py computes them -------------------------------------------- */
-/* (legacy kinds: either layout, ``kind`` saying which; ``rest`` where qh/qs begin) */
+/* (legacy kinds: either layout, ``kind`` saying which; qh (Q5) and qs follow the scales) */
 static inline void tq_dequant_q4_0(int kind, const uint8_t *b, float *y) {
     const float d = tq_scale(kind, b, 0);
     const uint8_t *qs = b + tq_scale_bytes(kind);
