@@ -86,7 +86,7 @@ class GgufModel:
             raise UnsupportedModel(f"{name} has shape {info.shape}, expected a matrix")
         out, inner = info.shape
         weight = W.from_gguf(info.kind, self.file.raw(name), out, inner, gemm)
-        if not isinstance(weight, W.BlockWeight) or weight.blocks.x8 is not None or weight.blocks.scaled is not None:
+        if not isinstance(weight, W.BlockWeight) or weight.blocks.copied:
             self.file.release(name)             # copied: the map's pages need not stay resident (the x8 copy of
                                                 # int8 blocks, the fp32-scale copy of fp32 ones; rows() reads those)
         return weight

@@ -173,6 +173,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tq_dequantize_rows_q8x8.argtypes = [cint, ptr, i64, ptr, i64, ptr, cint]
     lib.tq_dequantize_rows_q8x8.restype = cint
     lib.tq_repack_scaled.argtypes, lib.tq_repack_scaled.restype = [cint, ptr, i64, i64, i64, ptr, cint], cint
+    lib.tq_scaled_row_bytes.argtypes, lib.tq_scaled_row_bytes.restype = [cint, i64], i64
     lib.tq_dequantize_rows.argtypes = [cint, ptr, i64, ptr, i64, i64, ptr, cint]
     lib.tq_dequantize_rows.restype = cint
     lib.tq_add_rms_norm.argtypes = [ptr, ptr, i64, i64, ptr, f32, ptr]
@@ -262,6 +263,7 @@ class Kernels:
         self.head_rms_norm = lib.tq_head_rms_norm
         self.dequantize_rows = lib.tq_dequantize_rows
         self.repack_scaled = lib.tq_repack_scaled       # legacy blocks with fp32 scales (quant.QuantWeight.scaled)
+        self.scaled_row_bytes = lib.tq_scaled_row_bytes
         self._rope_store = lib.tq_rope_store
         self.decoder_layers = lib.tq_decoder_layers     # the layer loop in one call: kernels/decoder_layers.c
 

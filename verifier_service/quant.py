@@ -136,9 +136,7 @@ class QuantWeight:
                 raise RuntimeError(f"cannot interleave {self.kind} [{self.out}, {self.inner}]")
         self.scaled = None        # the fp32-scale copy (fp32 activations, SCALED_KINDS): same bits, fewer instructions
         if scaled and self.activations == "fp32" and self.kind in SCALED_KINDS:
-            blocks = self.inner // CHUNK
-            extra = 4 if self.kind in ("Q4_1", "Q5_1") else 2           # fp32 instead of fp16 scales, a block
-            self.scaled = np.empty((self.out, self.row_bytes + blocks * extra), dtype=np.uint8)
+            self.scaled = np.empty((self.out, self._kernels.scaled_row_bytes(self._type, self.inner)), dtype=np.uint8)
             if self._kernels.repack_scaled(self._type, self._w, self._ldw, self.out, self.inner,
                                            self.scaled.ctypes.data, torch.get_num_threads()):
                 raise RuntimeError(f"cannot widen the scales of {self.kind} [{self.out}, {self.inner}]")
@@ -148,6 +146,11 @@ class QuantWeight:
     @property
     def nbytes(self) -> int:
         return self.out * self.row_bytes
+
+    @property
+    def copied(self) -> bool:
+        """Whether the kernels read a copy (x8 or fp32 scales), not the file's blocks: their pages may be released."""
+        return self.x8 is not None or self.scaled is not None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """x [n, inner] fp32 -> x W^T + bias [n, out] (bias: [out] fp32 contiguous, or None). ``out``: a tensor

@@ -33,16 +33,8 @@ static inline __m256 f32(__m256i v) { return _mm256_cvtepi32_ps(v); }
         for (int k = 0; k < 4; k++) acc[r][k] = _mm256_fmadd_ps((w)[k], _mm256_loadu_ps(xr + 8 * k), acc[r][k]); \
     }
 
-/* A legacy block's scale i broadcast: fp16 (the file's layout) converted, or fp32 (the scaled layout) by one
-   broadcast load. */
-static inline __m256 scale(int kind, const uint8_t *p, int i) {
-    if (tq_is_scaled(kind)) {
-        float f;
-        memcpy(&f, p + 4 * i, 4);
-        return _mm256_set1_ps(f);
-    }
-    return _mm256_set1_ps(half(p + 2 * i));
-}
+/* A legacy block's scale i broadcast (gemm_shared_avx2.h: scale_value). */
+static inline __m256 scale(int kind, const uint8_t *p, int i) { return _mm256_set1_ps(scale_value(kind, p, i)); }
 
 /* The 4-bit values of elements 8k..8k+7 of a legacy block (qs: its 16 nibble bytes). */
 static inline __m256i nibbles(const uint8_t *qs, int k) {

@@ -22,17 +22,10 @@
 
 static inline __m128i load16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
 
-/* A legacy block's scale i broadcast: fp16 (the file's layout) converted, or fp32 (the scaled layout) by one
-   broadcast load, which takes no shuffle unit (on Zen 4, where a 512-bit shuffle takes them twice, the fp32
+/* A legacy block's scale i broadcast (gemm_shared_avx2.h: scale_value): in the scaled layout one broadcast load,
+   which takes no shuffle unit (on Zen 4, where a 512-bit shuffle takes them twice, the fp32
    forward is bound by them: BENCHMARKS.md, twenty-sixth session). */
-static inline __m512 scale(int kind, const uint8_t *p, int i) {
-    if (tq_is_scaled(kind)) {
-        float f;
-        memcpy(&f, p + 4 * i, 4);
-        return _mm512_set1_ps(f);
-    }
-    return _mm512_set1_ps(half(p + 2 * i));
-}
+static inline __m512 scale(int kind, const uint8_t *p, int i) { return _mm512_set1_ps(scale_value(kind, p, i)); }
 
 /* Scales 0 and 1 (Q4_1/Q5_1: d and m) broadcast. The file's fp16 pair: one 32-bit broadcast load, one
    conversion (lanes alternate d, m), two in-lane shuffles; the scaled layout: two broadcast loads. */

@@ -10,7 +10,8 @@
    Exact rows: every row of x runs this same sequence whatever the row count or thread count, and y[r, o] is
    computed by one thread (OpenMP over o), so a row's output never depends on the block width.
 
-   Also here, shared by every ISA: tq_dequantize_rows (embedding lookups, exact weights) and tq_abi. */
+   Also here, shared by every ISA: tq_dequantize_rows (embedding lookups, exact weights), the fp32-scale copy
+   (tq_repack_scaled) and tq_abi. */
 #include "quants.h"
 
 #define ROWS 4   /* rows of x per pass over a weight row: its rebuilt block serves them all */
@@ -46,11 +47,18 @@ static inline __attribute__((always_inline)) void rows_times_row(int kind, int N
 #define TQ_GEMM_PARTS_NAME tq_gemm_parts_generic
 #include "gemm_dispatch.h"
 
+/* Bytes of one row of ``inner`` weights of ``kind``'s scaled copy (tq_repack_scaled), or -1 for another kind. */
+int64_t tq_scaled_row_bytes(int kind, int64_t inner) {
+    if (kind < 0 || kind >= TQ_SCALED || tq_block_bytes(TQ_SCALED + kind) <= 0 || !tq_gemm_shape_ok(kind, inner))
+        return -1;
+    return inner / QK * tq_block_bytes(TQ_SCALED + kind);
+}
+
 /* The scaled copy of a legacy weight (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 -> TQ_SCALED + kind): every block with its
    fp16 scales widened to fp32 (exact), the rest of the block as it was. dst: ``out`` rows of inner / 32 blocks
    of tq_block_bytes(TQ_SCALED + kind) bytes, packed. Returns 0, or -1 for another kind or shape. */
 int tq_repack_scaled(int kind, const uint8_t *w, int64_t ldw, int64_t out, int64_t inner, uint8_t *dst, int threads) {
-    if (kind >= TQ_SCALED || tq_block_bytes(TQ_SCALED + kind) <= 0 || !tq_gemm_shape_ok(kind, inner)) return -1;
+    if (tq_scaled_row_bytes(kind, inner) < 0) return -1;
     const int skind = TQ_SCALED + kind, bb = tq_block_bytes(kind), sb = tq_block_bytes(skind);
     const int hs = tq_scale_bytes(kind), hd = tq_scale_bytes(skind), scales = tq_scales(kind);
     const int64_t nb = inner / QK;

@@ -11,6 +11,12 @@
 /* An fp16 at p (little-endian) as fp32, by F16C. */
 static inline float half(const uint8_t *p) { return _cvtsh_ss(tq_u16(p)); }
 
+/* Scale i of a legacy block at p (tq_scale, with F16C for the file's fp16 layout). In the scaled layout it is a
+   plain fp32 load, which a broadcast of it takes as its memory operand: no shuffle unit. */
+static inline float scale_value(int kind, const uint8_t *p, int i) {
+    return tq_is_scaled(kind) ? tq_f32_bits(tq_u32(p + 4 * i)) : half(p + 2 * i);
+}
+
 static inline __m256i q6_k_chunk(const uint8_t *blk, int s) {
     const uint8_t *ql = blk + offsetof(block_q6_K, ql), *qh = blk + offsetof(block_q6_K, qh);
     const int h = s / 4, t = s % 4;
