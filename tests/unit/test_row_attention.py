@@ -27,10 +27,10 @@ def attend(q, kv, start, heads, kv_heads, d, scale, threads=1):
     return out
 
 
-@pytest.mark.parametrize("d", [16, 64])
-def test_rows_match_torch_and_do_not_depend_on_width_or_threads(d):
+@pytest.mark.parametrize("d, heads, kv_heads", [(16, 9, 3), (64, 9, 3), (256, 4, 1), (64, 8, 1)])
+def test_rows_match_torch_and_do_not_depend_on_width_or_threads(d, heads, kv_heads):
     gen = torch.Generator().manual_seed(0)
-    heads, kv_heads, cap, start, n = 9, 3, 300, 250, 12
+    cap, start, n = 300, 250, 12
     kv = torch.randn(2, kv_heads, cap, d, generator=gen)
     qk = torch.randn(n, heads + kv_heads, d, generator=gen)     # q is a strided slice, as in the decoder
     q = qk[:, :heads]
@@ -46,7 +46,13 @@ def test_rows_match_torch_and_do_not_depend_on_width_or_threads(d):
         for first in (0, n - width):
             part = attend(q[first:first + width], kv, start + first, heads, kv_heads, d, scale)
             assert torch.equal(part, full[first:first + width]), (width, first)
-    assert torch.equal(attend(q, kv, start, heads, kv_heads, d, scale, threads=2), full)
+    # one thread takes the heads that share a KV head in one pass over its cache; with fewer KV heads than
+    # threads, the threads split each KV head's keys and then its columns: the same bits every way
+    for threads in (2, 3, 4):
+        assert torch.equal(attend(q, kv, start, heads, kv_heads, d, scale, threads=threads), full), threads
+        for first in (0, n - 1):
+            one = attend(q[first:first + 1], kv, start + first, heads, kv_heads, d, scale, threads=threads)
+            assert torch.equal(one, full[first:first + 1]), (threads, first)
 
 
 def test_static_decoder_uses_it_and_stays_exact(tmp_path):
