@@ -27,7 +27,7 @@ def attend(q, kv, start, heads, kv_heads, d, scale, threads=1):
     return out
 
 
-@pytest.mark.parametrize("d, heads, kv_heads", [(16, 9, 3), (64, 9, 3), (256, 4, 1), (64, 8, 1)])
+@pytest.mark.parametrize("d, heads, kv_heads", [(16, 9, 3), (64, 9, 3), (256, 4, 1), (64, 8, 1), (128, 8, 2)])
 def test_rows_match_torch_and_do_not_depend_on_width_or_threads(d, heads, kv_heads):
     gen = torch.Generator().manual_seed(0)
     cap, start, n = 300, 250, 12
@@ -47,7 +47,8 @@ def test_rows_match_torch_and_do_not_depend_on_width_or_threads(d, heads, kv_hea
             part = attend(q[first:first + width], kv, start + first, heads, kv_heads, d, scale)
             assert torch.equal(part, full[first:first + width]), (width, first)
     # one thread takes the heads that share a KV head in one pass over its cache; with fewer KV heads than
-    # threads, the threads split each KV head's keys and then its columns: the same bits every way
+    # threads (and d >= 128), the threads split each KV head's keys and then its columns: the same bits
+    # every way
     for threads in (2, 3, 4):
         assert torch.equal(attend(q, kv, start, heads, kv_heads, d, scale, threads=threads), full), threads
         for first in (0, n - 1):

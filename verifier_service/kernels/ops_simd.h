@@ -166,12 +166,13 @@ static void values_of(const float *s, int64_t ss, const float *V, int64_t j0, in
     }
 }
 
-/* A block of up to 16 rows of a model with fewer KV heads than threads (Gemma 3: one), every thread on each KV
-   head, where sharing out (row, head) tasks would have each thread read the whole cache: thread t scores its
-   share of the keys, then normalises its share of the (row, head) score rows, then weighs the values for its
-   share of the columns, so each thread streams its part of the cache instead of all of it. Barriers between
-   the three; every (head, key) score, softmax and (head, column) chain is the one attend_heads computes: the
-   same bits. */
+/* A block of up to 16 rows of a model with fewer KV heads than threads and rows of at least 128 values (Gemma 3:
+   one KV head of 256), where sharing out (row, head) tasks would have each thread read the whole cache: every
+   thread on each KV head. Thread t scores its share of the keys, then normalises its share of the (row, head)
+   score rows, then weighs the values for its share of the columns, so each thread streams its part of the
+   cache instead of all of it. Barriers between the three; every (head, key) score, softmax and (head, column)
+   chain is the one attend_heads computes: the same bits. At d 64 the barriers cost more than the reads save
+   (SmolLM2's shape forced onto this path, 2 threads: 0.52 -> 0.62 ms over 30 layers at 100 keys). */
 static void attention_split(const attention_block *B, int64_t heads, int64_t kv_heads, int64_t d, int64_t window,
                             float scale, float *s, int64_t ss, float *inv, float *acc, int tid, int nth) {
     const int64_t group = heads / kv_heads, n = B->n;
@@ -218,7 +219,7 @@ static void attention_split(const attention_block *B, int64_t heads, int64_t kv_
 void TQ_SUFFIX(tq_attention_blocks)(const attention_block *b, int64_t blocks, int64_t heads, int64_t kv_heads,
                                     int64_t d, int64_t window, float scale, int threads) {
     const int64_t longest = attention_blocks_longest(b, blocks);
-    if (blocks == 1 && kv_heads < threads && b[0].n <= 16) {
+    if (blocks == 1 && kv_heads < threads && d >= 128 && b[0].n <= 16) {
         const int64_t ss = longest + VL, tasks = b[0].n * heads;
         float *s = (float *)malloc(sizeof(float) * (size_t)(tasks * ss + tasks));
 #pragma omp parallel num_threads(threads)
