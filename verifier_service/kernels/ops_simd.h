@@ -119,20 +119,49 @@ static inline void normalised(const float *acc, int64_t cols, float inv, float *
     if (c < cols) v_storen(o + c, v_mul(v_loadn(acc + c, cols - c), vinv), cols - c);
 }
 
+/* Columns [c0, c1) of r heads' outputs (o: head 0's output row, the others d floats apart) = (sum over the m
+   keys of p_h[j] * V[j]) * inv[h], p_h = s + h * ss: the values read in blocks of keys that fit in L1
+   together. acc: r * d floats of scratch. */
+static inline __attribute__((always_inline)) void weigh_values(const float *s, int64_t ss, const float *V, int64_t m,
+                                                               int64_t d, int64_t c0, int64_t c1, const int r,
+                                                               const float *inv, float *acc, float *o) {
+    const int64_t block = d >= 256 ? 16 : 4096 / d;
+    for (int h = 0; h < r; h++)
+        for (int64_t c = c0; c < c1; c++) acc[h * d + c] = 0.0f;
+    for (int64_t j0 = 0; j0 < m; j0 += block)
+        head_values(s, ss, V + c0, j0, j0 + block < m ? j0 + block : m, d, c1 - c0, r, acc + c0);
+    for (int h = 0; h < r; h++) normalised(acc + h * d + c0, c1 - c0, inv[h], o + h * d + c0);
+}
+
+/* head_scores / weigh_values for r (1..4) heads: r a constant in each copy, so the chains stay in registers. */
+static void scores_of(const float *q, const float *K, int64_t m, int64_t d, float scale, int r, float *s, int64_t ss) {
+    switch (r) {
+    case 4: head_scores(q, K, m, d, scale, 4, s, ss); break;
+    case 3: head_scores(q, K, m, d, scale, 3, s, ss); break;
+    case 2: head_scores(q, K, m, d, scale, 2, s, ss); break;
+    default: head_scores(q, K, m, d, scale, 1, s, ss);
+    }
+}
+
+static void values_of(const float *s, int64_t ss, const float *V, int64_t m, int64_t d, int64_t c0, int64_t c1, int r,
+                      const float *inv, float *acc, float *o) {
+    switch (r) {
+    case 4: weigh_values(s, ss, V, m, d, c0, c1, 4, inv, acc, o); break;
+    case 3: weigh_values(s, ss, V, m, d, c0, c1, 3, inv, acc, o); break;
+    case 2: weigh_values(s, ss, V, m, d, c0, c1, 2, inv, acc, o); break;
+    default: weigh_values(s, ss, V, m, d, c0, c1, 1, inv, acc, o);
+    }
+}
+
 /* r (1..4) consecutive heads of one row that read the same KV head (a grouped-query model's heads share their
    cache), out row a.i, heads a.h .. a.h + r - 1 = softmax(scale * q . K) . V over the task's a.m keys: the
    keys read once and the values once for all r heads. s: r score rows of ss floats; acc: r * d floats. */
-static inline __attribute__((always_inline)) void attend_heads(const attention_task a, int64_t heads, int64_t d,
-                                                               float scale, const int r, float *s, int64_t ss,
-                                                               float *acc, float *out) {
-    const int64_t m = a.m, block = d >= 256 ? 16 : 4096 / d;    /* keys whose values fit in L1 together */
-    head_scores(a.q, a.k, m, d, scale, r, s, ss);
+static void attend_heads(const attention_task a, int64_t heads, int64_t d, float scale, int r, float *s, int64_t ss,
+                         float *acc, float *out) {
+    scores_of(a.q, a.k, a.m, d, scale, r, s, ss);
     float inv[4];
-    for (int h = 0; h < r; h++) inv[h] = softmax_in_place(s + h * ss, m);
-    for (int64_t c = 0; c < r * d; c++) acc[c] = 0.0f;
-    for (int64_t j0 = 0; j0 < m; j0 += block)
-        head_values(s, ss, a.v, j0, j0 + block < m ? j0 + block : m, d, d, r, acc);
-    for (int h = 0; h < r; h++) normalised(acc + h * d, d, inv[h], out + a.i * heads * d + (a.h + h) * d);
+    for (int h = 0; h < r; h++) inv[h] = softmax_in_place(s + h * ss, a.m);
+    values_of(s, ss, a.v, a.m, d, 0, d, r, inv, acc, out + a.i * heads * d + a.h * d);
 }
 
 /* How many consecutive tasks from t (before ``to``) attend_heads takes with t: the same block, row and KV
@@ -144,26 +173,6 @@ static inline int heads_together(const attention_block *b, int64_t blk, int64_t 
     int64_t r = 1;
     while (r < most && t + r < to && u + r < b[blk].n * heads && h + r < heads && (h + r) / group == h / group) r++;
     return (int)r;
-}
-
-/* head_scores / head_values for heads h0 .. h0 + r - 1 (r <= 4 a constant in each copy). */
-static void scores_of(const float *q, const float *K, int64_t m, int64_t d, float scale, int r, float *s, int64_t ss) {
-    switch (r) {
-    case 4: head_scores(q, K, m, d, scale, 4, s, ss); break;
-    case 3: head_scores(q, K, m, d, scale, 3, s, ss); break;
-    case 2: head_scores(q, K, m, d, scale, 2, s, ss); break;
-    default: head_scores(q, K, m, d, scale, 1, s, ss);
-    }
-}
-
-static void values_of(const float *s, int64_t ss, const float *V, int64_t j0, int64_t j1, int64_t d, int64_t cols,
-                      int r, float *acc) {
-    switch (r) {
-    case 4: head_values(s, ss, V, j0, j1, d, cols, 4, acc); break;
-    case 3: head_values(s, ss, V, j0, j1, d, cols, 3, acc); break;
-    case 2: head_values(s, ss, V, j0, j1, d, cols, 2, acc); break;
-    default: head_values(s, ss, V, j0, j1, d, cols, 1, acc);
-    }
 }
 
 /* A block of up to 16 rows of a model with fewer KV heads than threads and rows of at least 128 values (Gemma 3:
@@ -195,21 +204,14 @@ static void attention_split(const attention_block *B, int64_t heads, int64_t kv_
     const int64_t vecs = (d + VL - 1) / VL, c0 = vecs * tid / nth * VL;
     const int64_t c1 = vecs * (tid + 1) / nth * VL < d ? vecs * (tid + 1) / nth * VL : d;
     if (c0 >= c1) return;
-    const int64_t block = d >= 256 ? 16 : 4096 / d;
     for (int64_t i = 0; i < n; i++)
         for (int64_t g = 0; g < kv_heads; g++) {
             const attention_task a = attention_task_of(i * heads + g * group, B->q, B->q_row, heads, kv_heads, d,
                                                        B->k, B->v, B->cap, B->start, window);
             for (int64_t h0 = 0; h0 < group; h0 += 4) {
-                const int r = group - h0 < 4 ? (int)(group - h0) : 4;
                 const int64_t row = i * heads + g * group + h0;
-                for (int64_t h = 0; h < r; h++)
-                    for (int64_t c = c0; c < c1; c++) acc[h * d + c] = 0.0f;
-                for (int64_t j0 = 0; j0 < a.m; j0 += block)
-                    values_of(s + row * ss, ss, a.v + c0, j0, j0 + block < a.m ? j0 + block : a.m, d, c1 - c0, r,
-                              acc + c0);
-                for (int64_t h = 0; h < r; h++)
-                    normalised(acc + h * d + c0, c1 - c0, inv[row + h], B->out + i * heads * d + (g * group + h0 + h) * d + c0);
+                values_of(s + row * ss, ss, a.v, a.m, d, c0, c1, group - h0 < 4 ? (int)(group - h0) : 4, inv + row,
+                          acc, B->out + row * d);
             }
         }
 }
@@ -242,12 +244,7 @@ void TQ_SUFFIX(tq_attention_blocks)(const attention_block *b, int64_t blocks, in
         for (int64_t t = from; t < to;) {
             const attention_task a = attention_blocks_task(b, t, &blk, &before, heads, kv_heads, d, window);
             const int r = heads_together(b, blk, before, t, to, heads, kv_heads, d);
-            switch (r) {                          /* r a constant in each copy: the chains stay in registers */
-            case 4: attend_heads(a, heads, d, scale, 4, s, ss, acc, b[blk].out); break;
-            case 3: attend_heads(a, heads, d, scale, 3, s, ss, acc, b[blk].out); break;
-            case 2: attend_heads(a, heads, d, scale, 2, s, ss, acc, b[blk].out); break;
-            default: attend_heads(a, heads, d, scale, 1, s, ss, acc, b[blk].out);
-            }
+            attend_heads(a, heads, d, scale, r, s, ss, acc, b[blk].out);
             t += r;
         }
         free(s);
