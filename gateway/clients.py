@@ -243,8 +243,9 @@ class AheadStream:
                     return got
                 raise DrafterUnavailable(f"drafter {self.client.address}: no drafted tokens within "
                                          f"{timeout_s:.0f} s")
-            try:
-                await asyncio.wait_for(self._arrived.wait(), remaining)
+            try:            # not wait_for: on 3.11 it drops a cancellation that comes with the event
+                async with asyncio.timeout(remaining):
+                    await self._arrived.wait()
             except TimeoutError:
                 pass
 
