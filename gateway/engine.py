@@ -73,6 +73,16 @@ def build_tokenizer(target_info: TargetInfo):
     return tok
 
 
+def _raise_if_cancelled() -> None:
+    """Raises CancelledError if the task running the request was asked to stop (its client left) and the
+    request goes on all the same: the cancellation was lost on its way. Python 3.11's ``asyncio.wait_for``
+    returns a result that arrived in the same loop turn and drops the cancel, and a gRPC call can do the
+    same; neither takes back the task's request (``Task.cancelling``), so a round boundary sees it."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError("the request's task was cancelled")
+
+
 class Gateway:
     def __init__(self, verifier, drafter, target_info: TargetInfo, config: GatewayConfig):
         """verifier: VerifierPort (+ target_info from its GetInfo); drafter: DrafterPort or None."""
@@ -368,6 +378,7 @@ class Gateway:
                       else None)
             rounds = generate_rounds(request, self.verifier, drafter, policy)
             async for rnd in rounds:
+                _raise_if_cancelled()
                 stats.add(rnd)
                 self.metrics.round(rnd, stats)
                 if rnd.fallback_reason and request.session_id not in getattr(drafter, "refused", ()):

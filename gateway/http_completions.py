@@ -12,7 +12,6 @@ chunks carry ``tandem.tokens`` = [{"text", "origin": draft|lookup|target}].
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
@@ -79,7 +78,6 @@ class Generation:
         self.token_ids: list[int] = []
         self.cutter = PieceCutter(parsed.stop)
         self.finish_reason: str | None = None
-        self.gone = False               # the client left (``abandon``)
         self._stack = contextlib.AsyncExitStack()
         self._steps: AsyncIterator | None = None
         self._first = None
@@ -98,11 +96,6 @@ class Generation:
     async def close(self) -> None:
         await self._stack.aclose()
 
-    def abandon(self) -> None:
-        """The client left: ``deltas`` stops at the next round even if the cancellation sent to the task
-        running it was lost on its way."""
-        self.gone = True
-
     async def deltas(self) -> AsyncIterator[Delta]:
         """The text round by round (already cut at a stop string); sets ``finish_reason`` at the end."""
         step = self._first
@@ -118,8 +111,6 @@ class Generation:
             if self.cutter.stopped:
                 self.finish_reason = "stop"
                 break
-            if self.gone:
-                raise asyncio.CancelledError("the client left")
             step = await anext(self._steps, None)
         await self.close()              # frees the sessions now (also after a stop string)
         if self.finish_reason is None:
@@ -189,7 +180,7 @@ class Completions:
             require_token(request, self.token)
             parsed, params = await self.gateway.off_loop(self.prepare, await request.body(), chat)
             gen = Generation(self.gateway, parsed, params)
-            started = await until_disconnect(request.receive, self._start(gen), gen.abandon)
+            started = await until_disconnect(request.receive, self._start(gen))
             if started is None:
                 await gen.close()
                 return Response(status_code=499)     # nobody is listening any more
@@ -198,9 +189,9 @@ class Completions:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
         if parsed.stream:
-            return EventStream(self._stream(gen, rid, created, chat), gen.close, gen.abandon)
+            return EventStream(self._stream(gen, rid, created, chat), gen.close)
         try:
-            reply = await until_disconnect(request.receive, self._collect(gen, rid, created, chat), gen.abandon)
+            reply = await until_disconnect(request.receive, self._collect(gen, rid, created, chat))
         except Exception as exc:
             return error_response(client_error(exc, chat))
         finally:

@@ -2,8 +2,7 @@
 
 ``EventStream`` sends an async iterator of ``sse`` events and closes it (so the generation behind it is
 cancelled and its sessions freed) as soon as the client leaves; ``until_disconnect`` runs a coroutine and
-cancels it when the client leaves, for the replies that are not streamed. Both also tell the work behind
-them (``on_gone``), which stops at its next round should the cancellation itself be lost.
+cancels it when the client leaves, for the replies that are not streamed.
 """
 
 from __future__ import annotations
@@ -23,20 +22,14 @@ def sse(obj) -> bytes:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
 
 
-async def until_disconnect(receive, coro, on_gone=None):
-    """Runs ``coro``; cancels it when the client disconnects. Returns its result, or None if cancelled.
-
-    ``on_gone`` is called first: a cancellation can be lost on its way (Python 3.11's ``asyncio.wait_for``
-    returns a result that arrived in the same loop turn and drops the cancel; a gRPC call can do the same),
-    so the work behind ``coro`` also checks a flag at each round (``Generation.deltas``)."""
+async def until_disconnect(receive, coro):
+    """Runs ``coro``; cancels it when the client disconnects. Returns its result, or None if cancelled."""
     task = asyncio.ensure_future(coro)
 
     async def watch():
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                if on_gone is not None:
-                    on_gone()
                 task.cancel()
                 return
 
@@ -62,11 +55,11 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[bytes], on_close, on_gone=None):
+    def __init__(self, events: AsyncIterator[bytes], on_close):
         self.status_code, self.background = 200, None
         self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
                             *((k.encode(), v.encode()) for k, v in SSE_HEADERS.items())]
-        self.events, self.on_close, self.on_gone = events, on_close, on_gone
+        self.events, self.on_close = events, on_close
 
     async def __call__(self, scope, receive, send):
         async def pump():
@@ -77,7 +70,7 @@ class EventStream(Response):
 
         try:
             with contextlib.suppress(OSError):          # a send after the client left
-                await until_disconnect(receive, pump(), self.on_gone)
+                await until_disconnect(receive, pump())
         finally:
             with contextlib.suppress(Exception):
                 await self.events.aclose()

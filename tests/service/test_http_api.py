@@ -21,8 +21,9 @@ ERROR_KEYS = {"message", "type", "param", "code"}
 
 class SlowVerifier:
     """The gateway's real verifier client, with an optional pause before each Verify (disconnect tests).
-    ``pausing`` is set during a pause; ``lose_cancels``: that many cancellations during a pause are lost, as
-    Python 3.11's ``asyncio.wait_for`` or a gRPC call that completes in the same loop turn can lose one."""
+    ``pausing`` is set during a pause; ``lose_cancels``: that many cancellations during a pause are lost as
+    Python 3.11's ``asyncio.wait_for`` loses one when its result arrives in the same loop turn (the
+    CancelledError swallowed, the task's request not taken back)."""
 
     def __init__(self, inner):
         self.inner, self.delay, self.lose_cancels = inner, 0.0, 0
@@ -40,7 +41,6 @@ class SlowVerifier:
                 if not self.lose_cancels:
                     raise
                 self.lose_cancels -= 1
-                asyncio.current_task().uncancel()
             finally:
                 self.pausing.clear()
         return await self.inner.verify(*args, **kw)
@@ -340,6 +340,28 @@ def test_disconnect_mid_stream_frees_both_sessions(hs, lost):
         hs.slow.delay, hs.slow.lose_cancels = 0.0, 0
     ok = httpx.post(f"{hs.url}/v1/chat/completions", json=chat_body(max_tokens=4), timeout=60)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 4
+
+
+
+def test_a_cancelled_grpc_generate_frees_both_sessions_though_the_cancel_is_lost(hs):
+    """A gRPC client cancels its unary Generate while a round is in flight and the cancellation is lost
+    there: the request still stops at the next round and both sessions are freed."""
+    target, drafter = hs.stack.target, hs.stack.drafter
+    hs.slow.delay = 0.5                 # ~200 rounds: 100 s if nobody stopped it
+    try:
+        future = hs.stack.gateway_stub.Generate.future(gateway_pb2.GenerateRequest(
+            prompt="w1 w2 w3", max_tokens=200, ignore_eos=True), timeout=120)
+        assert wait_until(lambda: target.sessions.count() == 1 and drafter.session_count() == 1, 10.0)
+        hs.slow.lose_cancels = 1
+        assert hs.slow.pausing.wait(5.0)
+        future.cancel()
+        closed = time.monotonic()
+        assert wait_until(lambda: target.sessions.count() == 0 and drafter.session_count() == 0
+                          and hs.gateway.active_requests == 0, 8.0)     # room for a loaded CI host
+        assert time.monotonic() - closed < 8.0
+        assert hs.slow.lose_cancels == 0
+    finally:
+        hs.slow.delay, hs.slow.lose_cancels = 0.0, 0
 
 
 # ---- errors --------------------------------------------------------------------------------------
