@@ -33,6 +33,7 @@ from verifier_service.quant import INT8_KINDS, KINDS, SCALED_KINDS, X8_KINDS, Op
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"C kernels unavailable: {native.unavailable_reason()}")
 
 OUT, INNER = 40, 512          # 40 output rows: not a multiple of the row or thread blocking; 2 K-quant super-blocks
+LONG_OUT, LONG_INNER = 37, 1280   # past TWO_COLUMN_MIN_INNER (1 024): the two-column passes; 5 super-blocks
 U = 2.0 ** -24
 
 
@@ -95,38 +96,48 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def _k_quant_blocks(kind, rng) -> np.ndarray:
-    """Random K-quant blocks [OUT, bytes a row] with finite fp16 scales of a weight's magnitude."""
+def _k_quant_blocks(kind, rng, out=OUT, inner=INNER) -> np.ndarray:
+    """Random K-quant blocks [out, bytes a row] with finite fp16 scales of a weight's magnitude."""
     import gguf
 
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
-    nb = INNER // block
-    raw = rng.integers(0, 256, size=(OUT, nb, size), dtype=np.uint8)
+    nb = inner // block
+    raw = rng.integers(0, 256, size=(out, nb, size), dtype=np.uint8)
 
     def half(lo, hi):
-        return rng.uniform(lo, hi, (OUT, nb)).astype(np.float16).view(np.uint8).reshape(OUT, nb, 2)
+        return rng.uniform(lo, hi, (out, nb)).astype(np.float16).view(np.uint8).reshape(out, nb, 2)
 
     if kind == "Q6_K":
         raw[..., size - 2:] = half(-0.01, 0.01)                  # d, last
     else:
         raw[..., 0:2], raw[..., 2:4] = half(0, 0.01), half(0, 0.01)    # d, dmin
-    return raw.reshape(OUT, nb * size)
+    return raw.reshape(out, nb * size)
 
 
 @pytest.fixture(scope="module")
 def gguf_weights(tmp_path_factory):
     """{kind: (raw blocks as GGUFReader maps them, gguf-py's fp32 weights [OUT, INNER])}."""
+    return _kinds_file(tmp_path_factory.mktemp("quant") / "kinds.gguf", OUT, INNER)
+
+
+@pytest.fixture(scope="module")
+def long_gguf_weights(tmp_path_factory):
+    """As ``gguf_weights`` with rows long enough for the two-column passes (TWO_COLUMN_MIN_INNER) and an odd
+    number of them (a tile's last column alone)."""
+    return _kinds_file(tmp_path_factory.mktemp("quant_long") / "kinds.gguf", LONG_OUT, LONG_INNER)
+
+
+def _kinds_file(path, out, inner):
     import gguf
 
     rng = np.random.default_rng(7)
-    path = tmp_path_factory.mktemp("quant") / "kinds.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
     for kind in KINDS:
         qtype = gguf.GGMLQuantizationType[kind]
         if kind.endswith("_K"):
-            writer.add_tensor(kind, _k_quant_blocks(kind, rng), raw_dtype=qtype)
+            writer.add_tensor(kind, _k_quant_blocks(kind, rng, out, inner), raw_dtype=qtype)
             continue
-        values = (rng.standard_normal((OUT, INNER)) * 0.05).astype(np.float32)
+        values = (rng.standard_normal((out, inner)) * 0.05).astype(np.float32)
         if kind == "F32":
             writer.add_tensor(kind, values)
         elif kind == "F16":
@@ -138,13 +149,13 @@ def gguf_weights(tmp_path_factory):
     writer.write_tensors_to_file()
     writer.close()
     reader = gguf.GGUFReader(str(path))
-    out = {}
+    kinds = {}
     for t in reader.tensors:
-        assert [int(s) for s in t.shape] == [INNER, OUT]
-        ref = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(OUT, INNER)
-        out[t.name] = (t.data, torch.from_numpy(ref.copy()))
-    out["_reader"] = reader                                       # keeps the map open
-    return out
+        assert [int(s) for s in t.shape] == [inner, out]
+        ref = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(out, inner)
+        kinds[t.name] = (t.data, torch.from_numpy(ref.copy()))
+    kinds["_reader"] = reader                                     # keeps the map open
+    return kinds
 
 
 def weight(gguf_weights, kind, which) -> tuple[QuantWeight, torch.Tensor]:
@@ -199,6 +210,26 @@ def test_rows_do_not_depend_on_width_or_threads(gguf_weights, kind, which):
     # a prompt chunk or a shared forward: up to 33 rows, several row groups through each tile of columns
     wide = torch.randn(33, INNER, generator=torch.Generator().manual_seed(4))
     assert torch.equal(w.matmul(wide)[[0, 8, 17, 32]], torch.cat([w.matmul(wide[i:i + 1]) for i in (0, 8, 17, 32)]))
+
+
+@pytest.mark.parametrize("which", ISAS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_long_rows_two_columns_a_pass_keep_every_rows_bits(long_gguf_weights, kind, which):
+    """Rows of 1 280 weights: from two rows of x up, a path may compute two columns a pass (AVX-512); every
+    row must keep the bits of the same row alone (one column a pass), at any width and thread count."""
+    raw, ref = long_gguf_weights[kind]
+    w = QuantWeight(kind, raw, LONG_OUT, LONG_INNER, isa=which)
+    x = torch.randn(33, LONG_INNER, generator=torch.Generator().manual_seed(5))
+    alone = torch.cat([w.matmul(x[i:i + 1]) for i in range(33)])
+    for width in (2, 3, 4, 5, 8, 9, 33):
+        assert torch.equal(w.matmul(x[:width]), alone[:width]), width
+    torch.set_num_threads(2)
+    assert torch.equal(w.matmul(x), alone)
+    bias = torch.randn(LONG_OUT, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(w.matmul(x[:6], bias), torch.cat([w.matmul(x[i:i + 1], bias) for i in range(6)]))
+    exact = x.double() @ ref.double().T
+    bound = (LONG_INNER + 2) * U * (x.double().abs() @ ref.double().abs().T)
+    assert ((alone.double() - exact).abs() <= bound).all()
 
 
 @pytest.mark.parametrize("which", ISAS)

@@ -71,10 +71,88 @@ static const rows_fn *rows_of(int kind) {
     }
 }
 
+#ifdef TWO_COLUMNS
+/* Two columns a pass (rows_times_two_rows, an ISA that defines TWO_COLUMNS and PAIR_ROWS) where the inner
+   dimension is long: there ROWS rows of x no longer fit L1 beside the weights, and each chunk of x loaded
+   serves two columns instead of one (BENCHMARKS.md, twenty-eighth session). A pair computes each y[r, o]
+   with the chain of rows_times_row: the same bits as a one-column pass. */
+#ifndef TWO_COLUMN_MIN_INNER
+#define TWO_COLUMN_MIN_INNER 1024
+#endif
+typedef void (*pair_fn)(const float *, int64_t, const uint8_t *, int64_t, const float *, float *, int64_t, int64_t,
+                        int64_t);
+
+#define PAIR_FN(KIND, N)                                                                                         \
+    static __attribute__((noinline)) void pair_##KIND##_##N(const float *x, int64_t inner, const uint8_t *row,    \
+                                                           int64_t ldw, const float *bias, float *y, int64_t ldy, \
+                                                           int64_t r0, int64_t o) {                               \
+        rows_times_two_rows(KIND, N, x, inner, row, ldw, bias, y, ldy, r0, o);                                   \
+    }
+#if PAIR_ROWS == 4
+#define PAIR_FNS(KIND) PAIR_FN(KIND, 1) PAIR_FN(KIND, 2) PAIR_FN(KIND, 3) PAIR_FN(KIND, 4)
+#define PAIR_TABLE(KIND) {pair_##KIND##_1, pair_##KIND##_2, pair_##KIND##_3, pair_##KIND##_4}
+#elif PAIR_ROWS == 3
+#define PAIR_FNS(KIND) PAIR_FN(KIND, 1) PAIR_FN(KIND, 2) PAIR_FN(KIND, 3)
+#define PAIR_TABLE(KIND) {pair_##KIND##_1, pair_##KIND##_2, pair_##KIND##_3}
+#elif PAIR_ROWS == 2
+#define PAIR_FNS(KIND) PAIR_FN(KIND, 1) PAIR_FN(KIND, 2)
+#define PAIR_TABLE(KIND) {pair_##KIND##_1, pair_##KIND##_2}
+#else
+#error "PAIR_ROWS must be 2, 3 or 4"
+#endif
+
+PAIR_FNS(TQ_F32) PAIR_FNS(TQ_F16) PAIR_FNS(TQ_BF16) PAIR_FNS(TQ_Q4_0) PAIR_FNS(TQ_Q4_1) PAIR_FNS(TQ_Q5_0)
+PAIR_FNS(TQ_Q5_1) PAIR_FNS(TQ_Q8_0)
+PAIR_FNS(TQ_Q4_0S) PAIR_FNS(TQ_Q4_1S) PAIR_FNS(TQ_Q5_0S) PAIR_FNS(TQ_Q5_1S) PAIR_FNS(TQ_Q8_0S)
+
+/* The kinds a pair pays for. Not the K-quants: rebuilding their chunks is heavier (shuffles, double-pumped on
+   Zen 4), and doing it for two weight rows every eight FMAs cancelled the loads saved (Q4_K +4 %, Q5_K -11 %,
+   Q6_K 0 at 8 rows over 1 536 weights, where F32 gained 40 % and Q4_1 47 %). */
+static const pair_fn *pairs_of(int kind) {
+    static const pair_fn f32[] = PAIR_TABLE(TQ_F32), f16[] = PAIR_TABLE(TQ_F16), bf16[] = PAIR_TABLE(TQ_BF16),
+                         q4_0[] = PAIR_TABLE(TQ_Q4_0), q4_1[] = PAIR_TABLE(TQ_Q4_1), q5_0[] = PAIR_TABLE(TQ_Q5_0),
+                         q5_1[] = PAIR_TABLE(TQ_Q5_1), q8_0[] = PAIR_TABLE(TQ_Q8_0),
+                         q4_0s[] = PAIR_TABLE(TQ_Q4_0S), q4_1s[] = PAIR_TABLE(TQ_Q4_1S), q5_0s[] = PAIR_TABLE(TQ_Q5_0S),
+                         q5_1s[] = PAIR_TABLE(TQ_Q5_1S), q8_0s[] = PAIR_TABLE(TQ_Q8_0S);
+    switch (kind) {
+    case TQ_F32: return f32;
+    case TQ_F16: return f16;
+    case TQ_BF16: return bf16;
+    case TQ_Q4_0: return q4_0;
+    case TQ_Q4_1: return q4_1;
+    case TQ_Q5_0: return q5_0;
+    case TQ_Q5_1: return q5_1;
+    case TQ_Q8_0: return q8_0;
+    case TQ_Q4_0S: return q4_0s;
+    case TQ_Q4_1S: return q4_1s;
+    case TQ_Q5_0S: return q5_0s;
+    case TQ_Q5_1S: return q5_1s;
+    case TQ_Q8_0S: return q8_0s;
+    default: return 0;
+    }
+}
+#endif
+
 int TQ_GEMM_NAME(TQ_GEMM_ARGS) {
     const rows_fn *fns = rows_of(kind);
     if (!fns || !tq_gemm_shape_ok(kind, inner)) return -1;
     const int64_t tiles = (out + OUT_TILE - 1) / OUT_TILE;
+#ifdef TWO_COLUMNS
+    const pair_fn *pairs = n >= 2 && inner >= TWO_COLUMN_MIN_INNER ? pairs_of(kind) : 0;
+    if (pairs) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            const int64_t o1 = (t + 1) * OUT_TILE < out ? (t + 1) * OUT_TILE : out;
+            for (int64_t r0 = 0; r0 < n; r0 += PAIR_ROWS) {
+                const int k = n - r0 < PAIR_ROWS ? (int)(n - r0) : PAIR_ROWS;
+                int64_t o = t * OUT_TILE;
+                for (; o + 1 < o1; o += 2) pairs[k - 1](x, inner, w + o * ldw, ldw, bias, y, ldy, r0, o);
+                if (o < o1) fns[k - 1](x, inner, w + o * ldw, bias, y, ldy, r0, o);
+            }
+        }
+        return 0;
+    }
+#endif
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t o1 = (t + 1) * OUT_TILE < out ? (t + 1) * OUT_TILE : out;
