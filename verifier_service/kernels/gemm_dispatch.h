@@ -39,34 +39,23 @@ typedef void (*rows_fn)(const float *, int64_t, const uint8_t *, const float *, 
 #error "ROWS must be 2, 3, 4 or 8"
 #endif
 
-ROWS_FNS(TQ_F32) ROWS_FNS(TQ_F16) ROWS_FNS(TQ_BF16) ROWS_FNS(TQ_Q4_0) ROWS_FNS(TQ_Q4_1) ROWS_FNS(TQ_Q5_0)
-ROWS_FNS(TQ_Q5_1) ROWS_FNS(TQ_Q8_0) ROWS_FNS(TQ_Q4_K) ROWS_FNS(TQ_Q5_K) ROWS_FNS(TQ_Q6_K)
-ROWS_FNS(TQ_Q4_0S) ROWS_FNS(TQ_Q4_1S) ROWS_FNS(TQ_Q5_0S) ROWS_FNS(TQ_Q5_1S) ROWS_FNS(TQ_Q8_0S)
+/* The kinds every ISA's one-column pass serves: X(KIND) for each. The two-column pass serves the first list
+   only (pairs_of says why). */
+#define TQ_PAIRED_KINDS(X) X(TQ_F32) X(TQ_F16) X(TQ_BF16) X(TQ_Q4_0) X(TQ_Q4_1) X(TQ_Q5_0) X(TQ_Q5_1) X(TQ_Q8_0) \
+                           X(TQ_Q4_0S) X(TQ_Q4_1S) X(TQ_Q5_0S) X(TQ_Q5_1S) X(TQ_Q8_0S)
+#define TQ_ROW_KINDS(X) TQ_PAIRED_KINDS(X) X(TQ_Q4_K) X(TQ_Q5_K) X(TQ_Q6_K)
+
+TQ_ROW_KINDS(ROWS_FNS)
+
+#define ROWS_CASE(KIND)                                        \
+    case KIND: {                                               \
+        static const rows_fn table[] = ROWS_TABLE(KIND);       \
+        return table;                                          \
+    }
 
 static const rows_fn *rows_of(int kind) {
-    static const rows_fn f32[] = ROWS_TABLE(TQ_F32), f16[] = ROWS_TABLE(TQ_F16), bf16[] = ROWS_TABLE(TQ_BF16),
-                         q4_0[] = ROWS_TABLE(TQ_Q4_0), q4_1[] = ROWS_TABLE(TQ_Q4_1), q5_0[] = ROWS_TABLE(TQ_Q5_0),
-                         q5_1[] = ROWS_TABLE(TQ_Q5_1), q8_0[] = ROWS_TABLE(TQ_Q8_0), q4_k[] = ROWS_TABLE(TQ_Q4_K),
-                         q5_k[] = ROWS_TABLE(TQ_Q5_K), q6_k[] = ROWS_TABLE(TQ_Q6_K),
-                         q4_0s[] = ROWS_TABLE(TQ_Q4_0S), q4_1s[] = ROWS_TABLE(TQ_Q4_1S), q5_0s[] = ROWS_TABLE(TQ_Q5_0S),
-                         q5_1s[] = ROWS_TABLE(TQ_Q5_1S), q8_0s[] = ROWS_TABLE(TQ_Q8_0S);
     switch (kind) {
-    case TQ_F32: return f32;
-    case TQ_F16: return f16;
-    case TQ_BF16: return bf16;
-    case TQ_Q4_0: return q4_0;
-    case TQ_Q4_1: return q4_1;
-    case TQ_Q5_0: return q5_0;
-    case TQ_Q5_1: return q5_1;
-    case TQ_Q8_0: return q8_0;
-    case TQ_Q4_K: return q4_k;
-    case TQ_Q5_K: return q5_k;
-    case TQ_Q6_K: return q6_k;
-    case TQ_Q4_0S: return q4_0s;
-    case TQ_Q4_1S: return q4_1s;
-    case TQ_Q5_0S: return q5_0s;
-    case TQ_Q5_1S: return q5_1s;
-    case TQ_Q8_0S: return q8_0s;
+    TQ_ROW_KINDS(ROWS_CASE)
     default: return 0;
     }
 }
@@ -101,33 +90,20 @@ typedef void (*pair_fn)(const float *, int64_t, const uint8_t *, int64_t, const 
 #error "PAIR_ROWS must be 2, 3 or 4"
 #endif
 
-PAIR_FNS(TQ_F32) PAIR_FNS(TQ_F16) PAIR_FNS(TQ_BF16) PAIR_FNS(TQ_Q4_0) PAIR_FNS(TQ_Q4_1) PAIR_FNS(TQ_Q5_0)
-PAIR_FNS(TQ_Q5_1) PAIR_FNS(TQ_Q8_0)
-PAIR_FNS(TQ_Q4_0S) PAIR_FNS(TQ_Q4_1S) PAIR_FNS(TQ_Q5_0S) PAIR_FNS(TQ_Q5_1S) PAIR_FNS(TQ_Q8_0S)
+TQ_PAIRED_KINDS(PAIR_FNS)
+
+#define PAIR_CASE(KIND)                                        \
+    case KIND: {                                               \
+        static const pair_fn table[] = PAIR_TABLE(KIND);       \
+        return table;                                          \
+    }
 
 /* The kinds a pair pays for. Not the K-quants: rebuilding their chunks is heavier (shuffles, double-pumped on
    Zen 4), and doing it for two weight rows every eight FMAs cancelled the loads saved (Q4_K +4 %, Q5_K -11 %,
    Q6_K 0 at 8 rows over 1 536 weights, where F32 gained 40 % and Q4_1 47 %). */
 static const pair_fn *pairs_of(int kind) {
-    static const pair_fn f32[] = PAIR_TABLE(TQ_F32), f16[] = PAIR_TABLE(TQ_F16), bf16[] = PAIR_TABLE(TQ_BF16),
-                         q4_0[] = PAIR_TABLE(TQ_Q4_0), q4_1[] = PAIR_TABLE(TQ_Q4_1), q5_0[] = PAIR_TABLE(TQ_Q5_0),
-                         q5_1[] = PAIR_TABLE(TQ_Q5_1), q8_0[] = PAIR_TABLE(TQ_Q8_0),
-                         q4_0s[] = PAIR_TABLE(TQ_Q4_0S), q4_1s[] = PAIR_TABLE(TQ_Q4_1S), q5_0s[] = PAIR_TABLE(TQ_Q5_0S),
-                         q5_1s[] = PAIR_TABLE(TQ_Q5_1S), q8_0s[] = PAIR_TABLE(TQ_Q8_0S);
     switch (kind) {
-    case TQ_F32: return f32;
-    case TQ_F16: return f16;
-    case TQ_BF16: return bf16;
-    case TQ_Q4_0: return q4_0;
-    case TQ_Q4_1: return q4_1;
-    case TQ_Q5_0: return q5_0;
-    case TQ_Q5_1: return q5_1;
-    case TQ_Q8_0: return q8_0;
-    case TQ_Q4_0S: return q4_0s;
-    case TQ_Q4_1S: return q4_1s;
-    case TQ_Q5_0S: return q5_0s;
-    case TQ_Q5_1S: return q5_1s;
-    case TQ_Q8_0S: return q8_0s;
+    TQ_PAIRED_KINDS(PAIR_CASE)
     default: return 0;
     }
 }
@@ -139,26 +115,21 @@ int TQ_GEMM_NAME(TQ_GEMM_ARGS) {
     const int64_t tiles = (out + OUT_TILE - 1) / OUT_TILE;
 #ifdef TWO_COLUMNS
     const pair_fn *pairs = n >= 2 && inner >= TWO_COLUMN_MIN_INNER ? pairs_of(kind) : 0;
-    if (pairs) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            const int64_t o1 = (t + 1) * OUT_TILE < out ? (t + 1) * OUT_TILE : out;
-            for (int64_t r0 = 0; r0 < n; r0 += PAIR_ROWS) {
-                const int k = n - r0 < PAIR_ROWS ? (int)(n - r0) : PAIR_ROWS;
-                int64_t o = t * OUT_TILE;
-                for (; o + 1 < o1; o += 2) pairs[k - 1](x, inner, w + o * ldw, ldw, bias, y, ldy, r0, o);
-                if (o < o1) fns[k - 1](x, inner, w + o * ldw, bias, y, ldy, r0, o);
-            }
-        }
-        return 0;
-    }
+    const int rows = pairs ? PAIR_ROWS : ROWS;
+#else
+    const int rows = ROWS;
 #endif
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t o1 = (t + 1) * OUT_TILE < out ? (t + 1) * OUT_TILE : out;
-        for (int64_t r0 = 0; r0 < n; r0 += ROWS) {
-            const int k = n - r0 < ROWS ? (int)(n - r0) : ROWS;
-            for (int64_t o = t * OUT_TILE; o < o1; o++) fns[k - 1](x, inner, w + o * ldw, bias, y, ldy, r0, o);
+        for (int64_t r0 = 0; r0 < n; r0 += rows) {
+            const int k = n - r0 < rows ? (int)(n - r0) : rows;
+            int64_t o = t * OUT_TILE;
+#ifdef TWO_COLUMNS
+            if (pairs)          /* two columns a pass; a tile's odd last column alone, with the same chain */
+                for (; o + 1 < o1; o += 2) pairs[k - 1](x, inner, w + o * ldw, ldw, bias, y, ldy, r0, o);
+#endif
+            for (; o < o1; o++) fns[k - 1](x, inner, w + o * ldw, bias, y, ldy, r0, o);
         }
     }
     return 0;
