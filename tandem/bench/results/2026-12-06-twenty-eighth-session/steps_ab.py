@@ -2,7 +2,7 @@
 (forward_costs' path) on the torch thread. Median ms over 64 steps x rounds."""
 import asyncio, os, sys, time, statistics as st
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, "/work/main")
+sys.path.insert(0, os.getcwd())   # the tree to time: run from its root
 import torch
 from verifier_service import torch_thread
 from verifier_service.target import Target
