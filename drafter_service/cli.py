@@ -9,13 +9,20 @@ from tandem.flags import flag, server_flags
 def configure(p) -> None:
     flag(p, "drafter", "default", help="drafter ONNX file or directory (model.onnx + drafter.json); "
          "'default' is the drafter shipped for the default target; 'suffix' is the model-free drafter (suffix "
-         "drafting over the prompt, the output and the traffic it serves: any target, no model)")
-    flag(p, "threads", 1, int, help="ONNX Runtime intra-op threads")
+         "drafting over the prompt, the output and the traffic it serves: any target, no model); a .gguf file: "
+         "the target's own file, run with int8 activations (--drafter-activations), drafting far ahead on "
+         "this box (needs torch here, as the verifier does)")
+    flag(p, "threads", 1, int, help="threads a drafting forward uses (ONNX Runtime's intra-op threads; a .gguf "
+         "drafter's decoder)")
+    flag(p, "drafter-activations", "int8", choices=("int8", "fp32"), help="a .gguf drafter's arithmetic: int8 "
+         "(llama.cpp's; about half the target's one-token step, its greedy token the target's at ~98 %% of "
+         "positions) or fp32 (the target's own: every greedy token the target's, at the target's cost)")
     flag(p, "support-size", 64, int, help="sampled drafts: q is truncated to its top-N tokens (exactly what is "
          "sampled from and sent to the verifier)")
-    flag(p, "lookup-ngram", 4, int, help="prompt lookup: when the context's last n-gram (n = this .. "
+    flag(p, "lookup-ngram", -1, int, help="prompt lookup: when the context's last n-gram (n = this .. "
          "--lookup-min-ngram) recurred earlier, draft the tokens that followed it for free (q = point mass, "
-         "exact); the model drafts the rest. 0 turns it off")
+         "exact); the model drafts the rest. 0 turns it off; -1: 4 for an ONNX model, 0 for a .gguf drafter "
+         "(whose own tokens are kept far more often than copies)")
     flag(p, "lookup-min-ngram", 1, int, help="shortest n-gram prompt lookup matches")
     flag(p, "lookup-trust-ngram", 1, int, help="lookup tokens found by a shorter n-gram are checked against the "
          "model: kept while its top token agrees or it is unsure (below --lookup-check-confidence); 1 = never check "
@@ -55,9 +62,11 @@ async def run(args) -> int:
     from tandem.serving import serve_until_stopped
 
     loading.enter("loading the drafter")
-    drafter = load_drafter(resolve_drafter(args.drafter), threads=args.threads, support_size=args.support_size,
+    path = resolve_drafter(args.drafter)
+    options = {"activations": args.drafter_activations} if is_gguf(path) else {}
+    drafter = load_drafter(path, threads=args.threads, support_size=args.support_size,
                            session_ttl_s=args.session_ttl, max_sessions=args.max_sessions,
-                           prefill_chunk=args.prefill_chunk, lookup_max_ngram=args.lookup_ngram,
+                           prefill_chunk=args.prefill_chunk, lookup_max_ngram=lookup_ngram(args.lookup_ngram, path),
                            lookup_min_ngram=args.lookup_min_ngram, lookup_trust_ngram=args.lookup_trust_ngram,
                            lookup_check_confidence=args.lookup_check_confidence, suffix=args.suffix == "on",
                            suffix_scope=args.suffix_scope, suffix_memory_tokens=args.suffix_memory_tokens,
@@ -122,6 +131,20 @@ class SuffixStoreKeeper:
         if self._task is not None:
             self._task.cancel()
         await self.save()
+
+
+def is_gguf(path) -> bool:
+    from drafter_service.factory import MODEL_FREE_KINDS, drafter_kind
+
+    return str(path) not in MODEL_FREE_KINDS and drafter_kind(path) == "gguf"
+
+
+def lookup_ngram(flag_value: int, path) -> int:
+    """--lookup-ngram, with -1 resolved by the drafter's kind: 0 for a .gguf drafter (its tokens are kept about
+    nine times in ten, a copy's about half as often: BENCHMARKS.md, twenty-ninth session), else 4."""
+    if flag_value >= 0:
+        return flag_value
+    return 0 if is_gguf(path) else 4
 
 
 def warm(drafter, prompt_tokens: int = 64, rounds: int = 3) -> None:

@@ -6,6 +6,8 @@ Kinds (``drafter.json`` ``"kind"``; a file without one, or a bare .onnx without 
 ``"model"``):
 
 * ``"model"``: an ONNX decoder-with-past (drafter_service.model_drafter.ModelDrafter).
+* ``"gguf"``: a .gguf file, run by the verifier's decoder with int8 activations
+  (drafter_service.gguf_drafter.GgufDrafter): the target's own file drafts for it.
 
 Model-free kinds need no files: ``load_drafter("suffix")`` builds the suffix drafter with no model
 (drafter_service.suffix_drafter.SuffixDrafter), which serves any target; ``suffix_scope`` and
@@ -53,9 +55,21 @@ def _load_model(path, **options) -> Drafter:
 register_kind("model", _load_model)
 
 
+def _load_gguf(path, **options) -> Drafter:
+    from drafter_service.gguf_drafter import GgufDrafter
+
+    return GgufDrafter(path, **options)
+
+
+register_kind("gguf", _load_gguf)
+
+
 def drafter_kind(path: str | os.PathLike) -> str:
-    """The ``kind`` in the drafter.json of a drafter directory (or beside a model file); "model" without one."""
+    """The ``kind`` in the drafter.json of a drafter directory (or beside a model file); "model" without one;
+    "gguf" for a .gguf file (the target's own file as the drafter: drafter_service.gguf_drafter)."""
     p = Path(path).expanduser()
+    if p.suffix.lower() == ".gguf":
+        return "gguf"
     meta = (p if p.is_dir() else p.parent) / METADATA_FILE
     if not meta.exists():
         return DEFAULT_KIND

@@ -287,9 +287,11 @@ class Gateway:
         return self.config.draft_ahead and not self.config.drafter_shares_cpus
 
     def follows_paths(self, drafter) -> bool:
-        """Whether a request's drafter is a model-free node followed by its path (gateway/proposal.py)."""
-        return (self.drafts_ahead and drafter is not None
-                and self._drafter_info is not None and self._drafter_info.model_free)
+        """Whether a request's drafter is followed by its path (gateway/proposal.py): a model-free node, or one
+        that asks to be (``ModelInfo.follow_path``: the target's own file as the drafter)."""
+        info = self._drafter_info
+        return (self.drafts_ahead and drafter is not None and info is not None
+                and (info.model_free or info.follow_path))
 
     def max_block(self, follow: bool) -> int:
         """The longest block auto verifies: ``--max-draft-length``, or beside a followed model-free node, whose

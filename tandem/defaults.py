@@ -48,7 +48,7 @@ def resolve_drafter(spec: str | None) -> Path | str:
     if spec and spec != "default":
         path = Path(spec).expanduser()
         if not path.exists():
-            raise FileNotFoundError(f"drafter {spec!r} not found (give an .onnx file or a directory holding model.onnx, "
+            raise FileNotFoundError(f"drafter {spec!r} not found (give an .onnx file, a directory holding model.onnx, a .gguf file, "
                                 "or 'suffix' for the model-free drafter)")
         return path
     if (SHIPPED_DRAFTER / "model.onnx").exists():

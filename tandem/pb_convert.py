@@ -39,7 +39,7 @@ def info_from_pb(msg: common_pb2.ModelInfo) -> ModelInfo:
     lookup = (LookupRule(rule.max_ngram, rule.min_ngram, rule.trust_ngram)
               if msg.HasField("lookup") and rule.max_ngram > 0 else None)
     return ModelInfo(msg.model_name, msg.vocab_size, msg.vocab_hash, msg.max_context, tuple(msg.eos_token_ids),
-                     lookup, msg.model_free)
+                     lookup, msg.model_free, msg.follow_path)
 
 
 def info_to_pb(info: ModelInfo) -> common_pb2.ModelInfo:
@@ -47,7 +47,7 @@ def info_to_pb(info: ModelInfo) -> common_pb2.ModelInfo:
                                     trust_ngram=info.lookup.trust_ngram) if info.lookup is not None else None)
     return common_pb2.ModelInfo(model_name=info.model_name, vocab_size=info.vocab_size, vocab_hash=info.vocab_hash,
                                 max_context=info.max_context, eos_token_ids=list(info.eos_token_ids), lookup=lookup,
-                                model_free=info.model_free)
+                                model_free=info.model_free, follow_path=info.follow_path)
 
 
 def target_info_from_pb(msg: verifier_pb2.TargetInfo) -> TargetInfo:

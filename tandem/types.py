@@ -129,6 +129,7 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     lookup: "LookupRule | None" = None    # a drafter's prompt lookup (None: none, or a verifier)
     model_free: bool = False              # a drafter with no model (suffix drafting): serves any vocabulary
+    follow_path: bool = False             # the gateway follows its drafted-ahead path, never waits for it
 
 
 @dataclass(frozen=True)
