@@ -8,9 +8,12 @@ the round ends the next block is usually there already: the drafter's time and t
 the critical path.
 
 When the real context grows along the path (the block was accepted and the target's own next token is the
-path's next token), the rest of the path stays valid and drafting goes on from its end. When it leaves the
-path (a rejected token, another bonus token), the path is dropped and a new one (a new ``path_id``) is
-drafted from the real context; chunks of a dropped path that were in flight are void.
+path's next token), the rest of the path stays valid and drafting goes on from its end. When it grows along
+the whole path and past its end while a chunk is being drafted (the gateway used every token that had
+arrived, and the target's bonus token came on top), the chunk is kept where it agrees with the new real
+context: its tokens beyond it continue the same path. When the context leaves the path (a rejected token,
+another bonus token), the path is dropped and a new one (a new ``path_id``) is drafted from the real context;
+chunks of a dropped path that were in flight are void.
 
 Exactness: every token of a path is drawn by the drafter's own randomness from q(. | c), c the context
 before it, and q is reported with it. The gateway uses a token only where c is the real context (it checks
@@ -32,7 +35,7 @@ from tandem.types import DraftToken, SamplingParams
 
 MAX_AHEAD = 64                      # the most tokens a gateway may ask to be kept drafted
 FIRST_CHUNK = 1                     # tokens drafted by the first call after a new path: out as soon as possible
-CHUNK = 4                           # then up to this many a call (fewer Python round trips; a sync waits at most one)
+CHUNK = 2                           # then up to this many a call (fewer Python round trips; a sync waits at most one)
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class AheadPath:
         self._stalled = False                   # the drafter offered nothing more for this context (its end,
                                                 # or a drafter with nothing to propose): wait for the next sync
         self._seen: list[int] = []              # the context the drafter's session last drafted from
+        self._drafting: list[int] | None = None  # the context (real + path) of the chunk being drafted
         self._lock = threading.Lock()
 
     # ---- what the gateway says ----------------------------------------------------------------
@@ -90,9 +94,13 @@ class AheadPath:
                 raise InvalidInput("empty context: the first message carries the prompt")
             # the new context runs along the path: its drafted tokens past the new context stay, and what is
             # drafted next still continues the same path (contiguous)
-            if (position == len(self.context) and len(appended) <= len(self.path)
-                    and appended == [t.token_id for t in self.path[:len(appended)]]):
+            held = [t.token_id for t in self.path]
+            if (position == len(self.context) and len(appended) <= len(held)
+                    and appended == held[:len(appended)]):
                 self.path = self.path[len(appended):]
+            elif (position == len(self.context) and self._drafting == self.context + held
+                  and appended[:len(held)] == held):
+                self.path = []                  # past the path's end: the chunk in flight decides (``draft``)
             else:
                 self.path_id += 1
                 self.path = []
@@ -120,6 +128,7 @@ class AheadPath:
             path_id = self.path_id
             real = len(self.context)
             full = self.context + [t.token_id for t in self.path]
+            self._drafting = full
         t0 = time.perf_counter()
         prefix = _common_prefix(self._seen, full)
         proposal = self.drafter.propose(self.session_id, prefix, full[prefix:], n, self.sampling, 0.0, self.token,
@@ -127,8 +136,12 @@ class AheadPath:
         self._seen = full
         ms = (time.perf_counter() - t0) * 1e3
         with self._lock:
-            if self.path_id != path_id or self.context + [t.token_id for t in self.path] != full:
+            self._drafting = None
+            now = self.context + [t.token_id for t in self.path]
+            if self.path_id != path_id:
                 return None
+            if now != full:
+                return self._past_the_path(full, now, tuple(proposal.tokens[:n]), ms)
             if not proposal.tokens:
                 self._stalled = True                        # e.g. the end of the context: until the next sync
                 return Chunk(path_id, len(full), (), ms, True)  # says so: the gateway stops waiting for more
@@ -137,6 +150,21 @@ class AheadPath:
             # a copier offered all it has for this context; the chunk says so when that was less than wanted
             self._stalled = self._copies
             return Chunk(path_id, len(full), tokens, ms, self._copies and len(tokens) < n)
+
+    def _past_the_path(self, full: list[int], now: list[int], tokens: tuple[DraftToken, ...], ms: float
+                       ) -> Chunk | None:
+        """A chunk drafted from ``full`` while a sync took the real context along the whole path and past its
+        end, to ``now`` (under the lock). Where full + the chunk runs along ``now`` and beyond it, the tokens
+        beyond were drafted from the real context: they continue the path, and the chunk goes out whole at its
+        own position (the gateway checks its first tokens against what was emitted). Otherwise it is void, and
+        the next path starts from the real context."""
+        drafted = full + [t.token_id for t in tokens]
+        if len(now) > len(full) and len(drafted) >= len(now) and drafted[:len(now)] == now:
+            self.path = list(tokens[len(now) - len(full):])
+            return Chunk(self.path_id, len(full), tokens, ms)
+        self.path_id += 1                       # a new path from the real context (none of this one is usable)
+        self.path = []
+        return None
 
     def finish(self) -> None:
         """The stream ends: the drafter follows the real context to its end (what was emitted after the last

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from drafter_service.ahead import AheadPath
+from drafter_service.ahead import CHUNK, AheadPath
 from fake_drafters import RuleDrafter
 from gateway.ahead import DraftedPath
 from tandem.errors import InvalidInput
@@ -133,3 +133,54 @@ def test_syncs_are_checked():
     path.sync(0, [1, 2], ahead=1)
     with pytest.raises(InvalidInput, match="position"):
         path.sync(5, [3], ahead=1)
+
+
+def test_a_chunk_in_flight_when_the_context_runs_past_the_path_continues_it_where_it_agrees():
+    """The gateway used the one token that had arrived and the target's bonus token came on top: the chunk being
+    drafted meanwhile still holds the drafter's guess of that bonus, and its tokens past it continue the path."""
+    drafter, gw = NextDrafter(), DraftedPath()
+    path = AheadPath(drafter, "s", "tok", SamplingParams())
+    seq = [4, 8, 15]
+    path.sync(0, seq, ahead=6)
+    chunk = path.draft()                                       # the first token alone, out at once
+    gw.receive(chunk.path_id, chunk.position, chunk.tokens)
+    first_id = gw.path_id
+    guess = continuation(15, 2)
+    original = drafter.draft_block
+
+    def racing(state, context, k, sampling, min_confidence=0.0, *, offset=0):
+        path.sync(3, guess, ahead=6)                            # the first token kept, the bonus as guessed
+        return original(state, context, k, sampling, min_confidence, offset=offset)
+
+    drafter.draft_block = racing
+    chunk = path.draft()
+    drafter.draft_block = original
+    assert chunk is not None and chunk.path_id == first_id
+    gw.receive(chunk.path_id, chunk.position, chunk.tokens)
+    seq = seq + guess
+    assert ids(gw.usable(seq)) == continuation(15, 1 + CHUNK)[2:]      # drafted from the real context
+    drain(path, gw)
+    assert gw.path_id == first_id and ids(gw.usable(seq)) == continuation(seq[-1], 6)
+
+
+def test_a_chunk_in_flight_that_disagrees_with_the_tokens_past_the_path_is_void():
+    drafter, gw = NextDrafter(), DraftedPath()
+    path = AheadPath(drafter, "s", "tok", SamplingParams())
+    seq = [4, 8, 15]
+    path.sync(0, seq, ahead=6)
+    chunk = path.draft()
+    gw.receive(chunk.path_id, chunk.position, chunk.tokens)
+    first, = continuation(15, 1)
+    other = (continuation(first, 1)[0] + 1) % 97             # the target's bonus is not the drafter's guess
+    original = drafter.draft_block
+
+    def racing(state, context, k, sampling, min_confidence=0.0, *, offset=0):
+        path.sync(3, [first, other], ahead=6)
+        return original(state, context, k, sampling, min_confidence, offset=offset)
+
+    drafter.draft_block = racing
+    assert path.draft() is None
+    drafter.draft_block = original
+    seq = seq + [first, other]
+    drain(path, gw)
+    assert gw.path_id > chunk.path_id and ids(gw.usable(seq)) == continuation(other, 6)

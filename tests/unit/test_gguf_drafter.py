@@ -1,0 +1,94 @@
+"""The ``gguf`` drafter kind: the target's own GGUF file drafting for it (drafter_service.gguf_drafter). With the
+target's arithmetic (fp32) every greedy token it drafts is the target's; with int8 activations (its default)
+nearly every one; its KV follows the context it is sent, rolled back where the context changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from drafter_service.factory import drafter_kind, load_drafter
+from drafter_service.gguf_drafter import GgufDrafter
+from tandem.models import resolve
+from tandem.types import SamplingParams
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def default_file():
+    loc = resolve("default")
+    return loc.directory / loc.gguf_file
+
+
+@pytest.fixture(scope="module")
+def target(default_file):
+    from verifier_service.target import Target
+
+    return Target.load(str(default_file))
+
+
+def plain_greedy(target, prompt: list[int], n: int) -> list[int]:
+    """The target's own greedy continuation, one plain forward a token."""
+    dec = target.decoder
+    cache = dec.new_cache()
+    logits = dec.forward(cache, prompt, True)
+    out = []
+    for _ in range(n):
+        out.append(int(logits[-1].argmax()))
+        logits = dec.forward(cache, [out[-1]], False)
+    return out
+
+
+def prompt_ids(target, text: str) -> list[int]:
+    return list(target.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                     return_dict=True)["input_ids"])
+
+
+def test_a_gguf_file_is_the_gguf_kind_and_says_it_is_followed(default_file, target):
+    assert drafter_kind(default_file) == "gguf"
+    drafter = load_drafter(default_file, threads=None)
+    assert isinstance(drafter, GgufDrafter) and drafter.activations == "int8"
+    info = drafter.info
+    assert info.follow_path and not info.model_free and info.lookup is None
+    assert (info.vocab_size, info.vocab_hash, info.max_context) == (target.info.vocab_size, target.info.vocab_hash,
+                                                                    target.info.max_context)
+    wrapped = load_drafter(default_file, lookup_max_ngram=4)
+    assert wrapped.info.follow_path and wrapped.info.lookup is not None
+
+
+def test_with_the_targets_arithmetic_every_drafted_token_is_the_targets(default_file, target):
+    drafter = GgufDrafter(default_file, activations="fp32")
+    prompt = prompt_ids(target, "Name three rivers of Europe and say where each one starts.")
+    want = plain_greedy(target, prompt, 24)
+    got, known = [], 0
+    for _ in range(6):                  # blocks of 4, each kept: the session is sent only what it has not seen
+        context = prompt + got
+        block = drafter.propose("s", known, context[known:], 4, SamplingParams())
+        known = len(context)
+        got += [t.token_id for t in block.tokens]
+    assert got == want
+
+
+def test_with_int8_activations_nearly_every_greedy_token_is_the_targets(default_file, target):
+    drafter = GgufDrafter(default_file)
+    agree = total = 0
+    for text in ("Write a short poem about the sea.", "Explain what a hash map is.",
+                 "List the planets of the solar system in order."):
+        prompt = prompt_ids(target, text)
+        want = plain_greedy(target, prompt, 32)
+        # teacher-forced: each position drafted from the target's own context
+        for j in range(0, 32, 8):
+            block = drafter.propose(text, 0, prompt + want[:j], 8, SamplingParams())
+            agree += sum(t.token_id == w for t, w in zip(block.tokens, want[j:j + 8]))
+            total += 8
+    assert agree >= 0.8 * total, (agree, total)
+
+
+def test_a_context_that_changes_rolls_the_kv_back(default_file, target):
+    drafter = GgufDrafter(default_file)
+    prompt = prompt_ids(target, "What is the capital of France?")
+    drafter.propose("a", 0, prompt + [5, 6, 7, 8], 4, SamplingParams())
+    # the session's last 4 tokens were wrong: 2 are kept, 3 others follow
+    changed = drafter.propose("a", len(prompt) + 2, [40, 41, 42], 6, SamplingParams())
+    fresh = drafter.propose("b", 0, prompt + [5, 6, 40, 41, 42], 6, SamplingParams())
+    assert [t.token_id for t in changed.tokens] == [t.token_id for t in fresh.tokens]
