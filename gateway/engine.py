@@ -309,8 +309,10 @@ class Gateway:
                                          prior_weight=COPYING_PRIOR_WEIGHT if copying else PRIOR_WEIGHT)
         if pinned:
             return PinnedDraftLength(self.cost, acceptance, pinned)
+        followed_model = (self._drafter_info is not None and self._drafter_info.follow_path
+                          and not self._drafter_info.model_free)
         return AutoDraftLength(self.cost, acceptance, max_draft_length=max_block or self.config.max_draft_length,
-                               probing=ProbeRule(budget=self.config.probe_budget),
+                               probing=ProbeRule(budget=self.config.probe_budget, copies=not followed_model),
                                schedule=self.probe_schedules[sampling.greedy])
 
     def session_sampling(self, sampling: SamplingParams) -> SamplingParams:
@@ -322,14 +324,15 @@ class Gateway:
 
     def _lookup_rule(self, drafter, copying: bool):
         """The prompt-lookup rule the gateway predicts (and copies by, where it may) each round: its own with
-        --lookup-only; the drafter's (its GetInfo) otherwise; and the same own rule beside a model-free node
-        that serves none (a suffix node): copying a match here costs no round trip to the node."""
+        --lookup-only; the drafter's (its GetInfo) otherwise; and the same own rule beside a followed node that
+        serves none (a suffix node, the target's own file): copying a match here costs no round trip to the node,
+        and a round verifies the copy or the node's path, whichever is expected to keep more."""
         if copying:
             return LOOKUP_ONLY_RULE
         info = self._drafter_info if drafter is not None else None
         if info is None:
             return None
-        if info.model_free and (info.lookup is None or info.lookup.max_ngram <= 0):
+        if (info.model_free or info.follow_path) and (info.lookup is None or info.lookup.max_ngram <= 0):
             return LOOKUP_ONLY_RULE
         return info.lookup
 

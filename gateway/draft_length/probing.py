@@ -12,7 +12,11 @@ round's plain choice is replaced by a probe block:
   copied block neither probes nor resets the schedule (the rounds since the drafter drafted go on). Where
   no block longer than the copy can be had (``--lookup-only``: no drafter; a model-free node whose path
   is no longer than the copy), the probe is the copy itself (or the path): else copies whose estimate fell
-  once would never be tried again, and every later session of the gateway would step plainly.
+  once would never be tried again, and every later session of the gateway would step plainly. Not beside a
+  followed model node (``ProbeRule.copies`` off: the target's own file drafting ahead): there a plain round
+  means its path has not arrived yet (after a rejection), not that plain decoding wins, and a copy probed
+  there, where the model itself was just wrong, is kept about one token in ten (BENCHMARKS.md, twenty-ninth
+  session).
 - its verdict: the probes' realized tokens per ms (decayed by ``ProbeRule.decay``, so one lucky block is
   no trend) against a plain step's expected tokens per ms. A win resets the interval to
   ``ProbeRule.every``, as does a block the choice itself picked that beats a plain step (one that loses
@@ -50,6 +54,7 @@ class ProbeRule:
     acceptance: float = 0.8     # the acceptance a probe's length is chosen for (predictable text)
     budget: float = 0.005       # worst-case share of plain throughput spent on refused probes (0: doubling alone)
     decay: float = 0.5          # weight of earlier probes in the probes' realized tokens per ms
+    copies: bool = True         # a copy may be the probe where no longer block is on offer
 
 
 @dataclass
@@ -113,7 +118,7 @@ class Prober:
 
     def _probe(self, d: Decision, budget: int, copied: int, acceptance: AcceptanceEstimator) -> Decision | None:
         blocks = d.candidates[1:min(self.rule.max_length, budget) + 1]
-        eligible = [c for c in blocks if c.k > copied] or blocks      # no longer block on offer: the copy
+        eligible = [c for c in blocks if c.k > copied] or (blocks if self.rule.copies else [])  # else: the copy
         if not eligible:
             return None
         hoped = expected_prefixes([max(a, self.rule.acceptance) for a in acceptance.model_acceptances(eligible[-1].k)])

@@ -1,7 +1,8 @@
 """The target's own GGUF file as the drafter node (``tandem serve-drafter --drafter FILE.gguf``), each service its
 own process on 1 thread, as on two boxes: the node says it is followed, the gateway follows its path drafted
-ahead (a round never waits for it), most of its tokens are kept, and the output is the target's: greedy token
-for token, and with a seed the same text as without speculation."""
+ahead (a round never waits for it; the gateway's own lookup copies beside it), most of the node's tokens are
+kept, and the output is the target's: greedy token for token, and with a seed the same text as without
+speculation."""
 
 import grpc
 import pytest
@@ -39,9 +40,10 @@ def test_the_node_is_followed_and_most_of_its_tokens_are_kept(services):
         assert list(spec.token_ids) == list(plain.token_ids), s.log("gateway")
         assert spec.stats.speculative and not spec.stats.fallback_reason
         rounds = [r for r in spec.stats.round_stats if r.proposed]
-        assert {r.source for r in rounds} <= {"ahead"}          # followed: a round never waits for the node
-        proposed += sum(r.proposed for r in rounds)
-        accepted += sum(r.accepted for r in rounds)
+        # followed: a round verifies the node's path or the gateway's own lookup copy, never waits for the node
+        assert {r.source for r in rounds} <= {"ahead", "copy"}
+        proposed += sum(r.proposed for r in rounds if r.source == "ahead")
+        accepted += sum(r.accepted for r in rounds if r.source == "ahead")
     print(f"node tokens kept: {accepted} of {proposed}")
     assert proposed >= 20 and accepted >= 0.7 * proposed, (accepted, proposed)
 

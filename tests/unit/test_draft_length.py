@@ -725,6 +725,27 @@ def test_with_nothing_but_copies_on_offer_the_copy_itself_is_probed():
     assert copies == list(range(back + 1, 161))
 
 
+def test_beside_a_followed_model_node_a_copy_is_never_the_probe():
+    """Beside the target's own file drafting ahead (``ProbeRule.copies`` off), a plain round means its path has
+    not arrived yet: the copy on offer, whose estimate fell, is not probed there (it is still chosen where its
+    estimate says it pays, as any candidate)."""
+    cost = cost_model({0: 10.0, 1: 11.0, 2: 12.0, 3: 13.0, 4: 14.0}, plain_oh=0.1)
+    gateway = AcceptanceEstimator()
+    for _ in range(40):
+        gateway.observe_block((True, True), accepted=0, ngram=2)
+    for copies, want_probes in ((True, True), (False, False)):
+        policy = AutoDraftLength(cost, AcceptanceEstimator(prior=gateway),
+                                 probing=ProbeRule(every=4, cap=64, copies=copies))
+        reasons = []
+        for _ in range(40):
+            d = policy.next_k(4, lookup_available=4, lookup_ngram=2, local_lookup=True)
+            reasons.append(d.reason)
+            policy.observe(plain_round() if not d.k else
+                           RoundFigures(width=d.k, accepted=0, verify_ms=10.0 + d.k, round_ms=10.2 + d.k,
+                                        from_lookup=(True,) * d.k, drafter_called=False, lookup_ngram=2))
+        assert ("probe" in reasons) == want_probes, reasons
+
+
 def test_blocks_the_gateway_copies_teach_the_acceptance_of_their_match_length():
     """A copied block (no drafter call) is still verified: its acceptance counts for the length of the match
     that found it, so copies that keep failing stop being chosen."""
