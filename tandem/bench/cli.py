@@ -95,7 +95,8 @@ def configure(p) -> None:
          "node's auto mode run beside it: no-ahead (a Propose call per block, --no-draft-ahead), plain-ahead (drafting "
          "ahead during plain steps too, --plain-ahead 3); 'none' for neither")
     flag(g, "drafter-nodes", None, help="--two-machine: ';'-separated drafter nodes compared in the sitting, each a "
-         "drafter and its serve-drafter flags, e.g. 'default;default --suffix off;suffix' (default: --drafter)")
+         "drafter and its serve-drafter flags, e.g. 'default;default --suffix off;suffix;/models/target.gguf' (a .gguf: "
+         "the target's own file drafting with int8 activations; default: --drafter)")
     flag(g, "concurrency", "", help="N clients at once, e.g. 1,2,4,8: aggregate tok/s and p50/p95 inter-token "
          "latency, Tandem plain and auto over HTTP beside llama-server --parallel N (tandem.bench.concurrency)")
     flag(g, "concurrency-requests", 2, int, help="--concurrency: requests each client sends, one after another, at "
