@@ -36,6 +36,8 @@ from tandem.types import DraftToken, SamplingParams
 MAX_AHEAD = 64                      # the most tokens a gateway may ask to be kept drafted
 FIRST_CHUNK = 1                     # tokens drafted by the first call after a new path: out as soon as possible
 CHUNK = 2                           # then up to this many a call (fewer Python round trips; a sync waits at most one)
+MAX_CHUNK = 8                       # ... or half the path held, up to this: far ahead, fewer messages for the gateway's
+                                    # cores (during a prompt's prefill a node drafts 64 tokens ahead)
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,8 @@ class AheadPath:
             return 0 if self._stalled else max(0, self.ahead - len(self.path))
 
     def draft(self) -> Chunk | None:
-        """Drafts the next tokens of the path (one after a new path, then up to ``CHUNK``; a model-free drafter,
+        """Drafts the next tokens of the path (one after a new path, then up to ``CHUNK``, or half the path held
+        up to ``MAX_CHUNK``: tokens that far ahead are not needed at once; a model-free drafter,
         once a sync, all it offers up to what is wanted) and appends them;
         returns them (no tokens: the drafter has nothing more to offer for this context until the next sync),
         or None when a sync moved the path meanwhile (the tokens are then void) or there was nothing to draft."""
@@ -124,7 +127,7 @@ class AheadPath:
             if n <= 0:
                 return None
             if not self._copies:
-                n = min(n, FIRST_CHUNK if not self.path else CHUNK)
+                n = min(n, FIRST_CHUNK if not self.path else max(CHUNK, min(MAX_CHUNK, len(self.path) // 2)))
             path_id = self.path_id
             real = len(self.context)
             full = self.context + [t.token_id for t in self.path]
