@@ -135,7 +135,7 @@ class AheadPath:
         t0 = time.perf_counter()
         prefix = _common_prefix(self._seen, full)
         proposal = self.drafter.propose(self.session_id, prefix, full[prefix:], n, self.sampling, 0.0, self.token,
-                                        committed=real)
+                                        committed=real, stop=lambda: self.path_id != path_id)
         self._seen = full
         ms = (time.perf_counter() - t0) * 1e3
         with self._lock:

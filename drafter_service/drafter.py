@@ -84,7 +84,7 @@ class DraftState:
     """A session's state: the context it last saw and its sampling generator. ``lock`` serialises
     proposals on one session. Kinds subclass it to add their caches (and ``nbytes``)."""
 
-    __slots__ = ("lock", "context", "committed", "rng", "rng_seed")
+    __slots__ = ("lock", "context", "committed", "rng", "rng_seed", "stop")
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -92,6 +92,7 @@ class DraftState:
         self.committed = 0          # context tokens that are real text (the rest: the drafter's own path ahead)
         self.rng: np.random.Generator | None = None
         self.rng_seed: object = None
+        self.stop: Callable[[], bool] | None = None   # set during a propose whose caller may void the block
 
     def generator(self, seed: int | None) -> np.random.Generator:
         """The session's generator for ``seed`` (a new one when the seed changes): seeded runs reproduce."""
@@ -143,10 +144,13 @@ class ContextDrafter(Drafter):
 
     def propose(self, session_id: str, prefix_length: int, appended_tokens: Sequence[int], k: int,
                 sampling: SamplingParams | None = None, min_confidence: float = 0.0,
-                token: str | None = None, committed: int | None = None) -> Proposal:
+                token: str | None = None, committed: int | None = None,
+                stop: Callable[[], bool] | None = None) -> Proposal:
         """Syncs the session to (first ``prefix_length`` known tokens + ``appended_tokens``), drafts k tokens.
         ``committed``: how many context tokens are real text, the rest being the drafter's own tokens drafted
         ahead (``drafter_service.ahead``); None: all of them (kinds that learn from text learn only those).
+        ``stop``: asked between a model kind's drafted tokens; True ends the block there (its caller dropped the
+        path it was drafting: the rest would be void).
 
         ``min_confidence`` > 0 ends the block early (an adaptive draft length): before a model draft
         token whose position's top probability is below it. At least one token is proposed; a block that
@@ -204,7 +208,11 @@ class ContextDrafter(Drafter):
             else:
                 with telemetry.span("draft", {"tandem.k": k, "tandem.context_tokens": len(context),
                                               "tandem.onnxruntime.runs": k}):
-                    tokens = self.draft_block(session, context, k, sampling, min_confidence)
+                    session.stop = stop
+                    try:
+                        tokens = self.draft_block(session, context, k, sampling, min_confidence)
+                    finally:
+                        session.stop = None
         self.sessions.touch(session_id)
         return Proposal(tokens=tuple(tokens), compute_ms=(time.perf_counter() - t0) * 1000.0)
 

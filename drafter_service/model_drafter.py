@@ -288,6 +288,8 @@ class ModelDrafter(ContextDrafter):
                        else DraftToken(int(ids[choice]), tuple(ids.tolist()), tuple(probs.tolist())))
             tokens.append(tok)
             if j < k - 1:
+                if state.stop is not None and state.stop():
+                    break                       # the caller dropped this block's path: the rest would be void
                 outs = self._run([tok.token_id], state.kv)
                 state.kv = outs[1:]
                 state.kv_ids.append(tok.token_id)

@@ -140,6 +140,7 @@ class SuffixDrafter(ContextDrafter):
                   for j, t in enumerate(lookup_proposal(found.tokens, sampling))]
         if self.inner is None or len(tokens) == k:
             return tokens
+        state.inner.stop = state.stop
         return tokens + self.inner.draft_block(state.inner, context + list(found.tokens), k - len(tokens), sampling,
                                                min_confidence, offset=offset + len(tokens))
 

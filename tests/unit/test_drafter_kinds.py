@@ -239,3 +239,22 @@ def test_sessions_belong_to_their_creator(tiny_drafter_onnx):
         d.propose("", 0, PROMPT, 2)
     with pytest.raises(InvalidInput, match="session_id"):
         d.propose("x" * 500, 0, PROMPT, 2)
+
+
+def test_a_block_whose_path_was_dropped_stops_at_the_next_token(tiny_drafter_onnx):
+    """Drafting ahead, a sync that leaves the path voids the chunk being drafted (drafter_service.ahead): the
+    model stops after the token it is on instead of running forwards for nothing."""
+    drafter = OnnxDrafter(tiny_drafter_onnx, threads=1)
+    full = drafter.propose("a", 0, PROMPT, 6, SamplingParams())
+    asked = []
+
+    def dropped():
+        asked.append(1)
+        return len(asked) >= 2
+
+    cut = drafter.propose("b", 0, PROMPT, 6, SamplingParams(), stop=dropped)
+    assert len(full.tokens) == 6 and [t.token_id for t in cut.tokens] == [t.token_id for t in full.tokens[:2]]
+    # the session is left consistent: the next block continues from its real context as a fresh one would
+    again = drafter.propose("b", len(PROMPT), [full.tokens[0].token_id], 4, SamplingParams())
+    fresh = drafter.propose("c", 0, PROMPT + [full.tokens[0].token_id], 4, SamplingParams())
+    assert [t.token_id for t in again.tokens] == [t.token_id for t in fresh.tokens]
