@@ -1,5 +1,6 @@
 """``tandem serve-drafter`` (== ``python -m drafter_service``): the drafter's own flags and start-up.
-Imports nothing of torch, transformers, the bench, distill or export tools."""
+Imports nothing of torch, transformers, the bench, distill or export tools (a .gguf drafter imports torch and
+the verifier's decoder when it loads)."""
 
 from __future__ import annotations
 
