@@ -29,11 +29,13 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from drafter_service.drafter import DEFAULT_MAX_SESSIONS
 from drafter_service.model_drafter import DEFAULT_PREFILL_CHUNK, DrafterMetadata, ModelDrafter, ModelState
 from tandem.sessions import SessionStore
 from tandem.types import ModelInfo
+from verifier_service import quant, torch_thread
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +83,6 @@ class GgufDrafter(ModelDrafter):
         """``threads``: the forward's threads (None: torch's default); ``activations``: 'int8' (llama.cpp's
         arithmetic, the fast one) or 'fp32' (the target's default arithmetic: every greedy token the target's,
         at the target's cost). ``providers`` is an ONNX kind's option and is ignored."""
-        import torch
-
-        from verifier_service import quant, torch_thread
         from verifier_service.target import Target
 
         path = Path(model_path).expanduser()
@@ -106,9 +105,6 @@ class GgufDrafter(ModelDrafter):
         if self.decoder is None:
             raise ValueError(f"{path}: {self.target.startup_line()} -- a gguf drafter needs the GGUF fast path "
                              "(transformers' forward would draft slower than the target verifies)")
-        self._torch, self._torch_thread = torch, torch_thread
-        self.onnx_path = path
-        self.providers = [f"tandem GGUF decoder, {activations} activations"]
         self.prefill_chunk = max(0, int(prefill_chunk or 0))
         self._shared = self                     # the KV is fed in place: ModelDrafter's shared-buffer branch
         info = self.target.info
@@ -125,18 +121,15 @@ class GgufDrafter(ModelDrafter):
                                                             what="drafter session")
         log.info("drafter %s: %s", self.meta.model_name, self.target.startup_line())
 
-    def startup_line(self) -> str:
-        return self.target.startup_line()
-
     def _empty_kv(self) -> list:
         return [DecoderKV(self)]
 
     def feed(self, kv: DecoderKV, ids: list[int], keep: int) -> np.ndarray:
         """Runs ``ids`` after ``kv``'s tokens on the torch thread; the last ``keep`` rows' logits [1, keep, V]."""
-        return self._torch_thread.run(self._feed_now, kv, ids, keep)
+        return torch_thread.run(self._feed_now, kv, ids, keep)
 
     def _feed_now(self, kv: DecoderKV, ids: list[int], keep: int) -> np.ndarray:
-        with self._torch.inference_mode():
+        with torch.inference_mode():
             if kv.cache is None:
                 kv.cache = self.decoder.new_cache()
             rows = self.decoder.forward_blocks([(kv.cache, ids)], [min(keep, len(ids))])[0]
