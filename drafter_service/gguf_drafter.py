@@ -40,6 +40,7 @@ from verifier_service import quant, torch_thread
 log = logging.getLogger(__name__)
 
 DEFAULT_ACTIVATIONS = "int8"
+DEFAULT_GUESSES = 1         # tokens guessed after each drafted token (drafter_service.guesses)
 _load_lock = threading.Lock()     # the activation arithmetic is read from the environment while loading
 
 
@@ -79,7 +80,7 @@ class GgufDrafter(ModelDrafter):
     def __init__(self, model_path, *, threads: int | None = None, activations: str = DEFAULT_ACTIVATIONS,
                  support_size: int = 64, session_ttl_s: float = 600.0,
                  max_sessions: int | None = DEFAULT_MAX_SESSIONS, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 providers=None):
+                 guesses: int = DEFAULT_GUESSES, providers=None):
         """``threads``: the forward's threads (None: torch's default); ``activations``: 'int8' (llama.cpp's
         arithmetic, the fast one) or 'fp32' (the target's default arithmetic: every greedy token the target's,
         at the target's cost). ``providers`` is an ONNX kind's option and is ignored."""
@@ -106,6 +107,7 @@ class GgufDrafter(ModelDrafter):
             raise ValueError(f"{path}: {self.target.startup_line()} -- a gguf drafter needs the GGUF fast path "
                              "(transformers' forward would draft slower than the target verifies)")
         self.prefill_chunk = max(0, int(prefill_chunk or 0))
+        self.guess_tokens = max(0, int(guesses))
         self._shared = self                     # the KV is fed in place: ModelDrafter's shared-buffer branch
         info = self.target.info
         self.activations = activations

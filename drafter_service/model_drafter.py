@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from drafter_service.drafter import DEFAULT_MAX_SESSIONS, ContextDrafter, Decide, DraftState
+from drafter_service.guesses import Continuations
 from drafter_service.kv_buffers import SHARED_KV_INPUTS, SharedKV, SharedKVGraph
 from drafter_service.sampling import coupled_draft, sample_index, top_probability, truncate_support, warp
 from tandem.sessions import SessionStore
@@ -70,13 +71,16 @@ class ModelState(DraftState):
     ``SharedKV`` for a shared-buffer graph), the ids it holds, and (after check_tokens) the logits row
     predicting the token after ``kv_ids``."""
 
-    __slots__ = ("kv", "kv_ids", "next_logits")
+    __slots__ = ("kv", "kv_ids", "next_logits", "guessed", "guessed_rows", "continuations")
 
     def __init__(self, empty_kv: list):
         super().__init__()
         self.kv: list = empty_kv
         self.kv_ids: list[int] = []
         self.next_logits: np.ndarray | None = None
+        self.guessed: list[int] = []                # tokens the KV holds after kv_ids, fed as guesses
+        self.guessed_rows: list[np.ndarray] = []    # the logits row after each of them
+        self.continuations: Continuations | None = None     # made by the first guessed step
 
     @property
     def nbytes(self) -> int:
@@ -164,6 +168,7 @@ class ModelDrafter(ContextDrafter):
 
     kind = "model"
     can_check = True
+    guess_tokens = 0        # tokens guessed after each fed draft token (drafter_service.guesses); 0: none
 
     def __init__(self, model_path, *, threads: int | None = None, providers: list[str] | None = None,
                  support_size: int = 64, session_ttl_s: float = 600.0,
@@ -253,19 +258,22 @@ class ModelDrafter(ContextDrafter):
 
     def drop_cache(self, state: ModelState) -> None:
         state.kv, state.kv_ids, state.next_logits = self._empty_kv(), [], None
+        state.guessed.clear()
+        state.guessed_rows.clear()
 
     # ------------------------------------------------------------------------------ drafting
 
     def draft_block(self, state: ModelState, context: list[int], k: int, sampling: SamplingParams,
                     min_confidence: float = 0.0, *, offset: int = 0) -> list[DraftToken]:
-        if state.next_logits is not None and len(state.kv_ids) == len(context) and state.kv_ids == context:
-            logits = state.next_logits          # check_tokens already fed exactly this context
-        else:
+        logits = self._resume(state, context)
+        if logits is None:
             logits = self._sync(state, context, 1)[-1]
         state.next_logits = None
         rng = None if sampling.greedy or sampling.coupled else state.generator(sampling.seed)
         dv = self.meta.draft_vocab
         tokens: list[DraftToken] = []
+        guessing = self.guess_tokens > 0 and self._shared is not None
+        guessed, guessed_rows = state.guessed, state.guessed_rows
         for j in range(k):
             step = offset + j                   # position in the whole block
             if sampling.greedy:
@@ -290,11 +298,63 @@ class ModelDrafter(ContextDrafter):
             if j < k - 1:
                 if state.stop is not None and state.stop():
                     break                       # the caller dropped this block's path: the rest would be void
-                outs = self._run([tok.token_id], state.kv)
-                state.kv = outs[1:]
+                if not guessing:
+                    outs = self._run([tok.token_id], state.kv)
+                    state.kv = outs[1:]
+                    state.kv_ids.append(tok.token_id)
+                    logits = outs[0][0, -1]
+                    continue
+                if guessed and guessed[0] == tok.token_id:     # fed already: its row is the next logits
+                    guessed.pop(0)
+                    logits = guessed_rows.pop(0)
+                    state.kv_ids.append(tok.token_id)
+                    continue
+                if guessed:                     # a wrong guess: drop its rows and those after it
+                    self._drop_guesses(state)
+                guesses = self._guesses(state, tok.token_id, self.guess_tokens)
+                rows = state.kv[0].run([tok.token_id, *guesses], 1 + len(guesses))[0]
                 state.kv_ids.append(tok.token_id)
-                logits = outs[0][0, -1]
+                logits = rows[0]
+                guessed.extend(guesses)
+                guessed_rows.extend(rows[1:])
+        if guessed:
+            unfed = len(state.kv_ids) < len(context) + len(tokens)      # the block's last token (not fed)
+            if unfed and tokens[-1].token_id == guessed[0]:     # fed as a guess: the next block starts after it
+                state.kv_ids.append(guessed.pop(0))
+                state.next_logits = guessed_rows.pop(0)
+            else:
+                self._drop_guesses(state)
         return tokens
+
+    def _resume(self, state: ModelState, context: list[int]) -> np.ndarray | None:
+        """The logits after ``context`` where the session's KV holds it already (fed by check_tokens, or by the
+        last block and the guesses after it, drafter_service.guesses), the KV then holding ``context``; else
+        None (``_sync`` feeds it)."""
+        if state.next_logits is None:
+            return None
+        held = len(state.kv_ids)
+        extra = len(context) - held
+        if not 0 <= extra <= len(state.guessed) or context[:held] != state.kv_ids \
+                or context[held:] != state.guessed[:extra]:
+            return None
+        logits = state.next_logits if extra == 0 else state.guessed_rows[extra - 1]
+        state.kv_ids.extend(context[held:])
+        del state.guessed[:extra], state.guessed_rows[:extra]
+        return logits
+
+    def _drop_guesses(self, state: ModelState) -> None:
+        """Crops the guessed tokens the KV holds after kv_ids."""
+        state.kv = self._crop(state.kv, len(state.kv_ids))
+        state.guessed.clear()
+        state.guessed_rows.clear()
+
+    def _guesses(self, state: ModelState, token: int, m: int) -> list[int]:
+        """Up to ``m`` tokens guessed to follow the session's tokens and ``token`` (drafter_service.guesses)."""
+        if m <= 0:
+            return []
+        if state.continuations is None:
+            state.continuations = Continuations()
+        return state.continuations.guess([*state.kv_ids, token], m)
 
     def check_tokens(self, state: ModelState, context: list[int], tokens: list[int], decide: Decide) -> int:
         """One feed of context + tokens (re-feeding at least the last context token, whose logits row
@@ -328,6 +388,8 @@ class ModelDrafter(ContextDrafter):
         out, state.kv = self._feed(ids[common:], past, rows)
         state.kv_ids = list(ids)
         state.next_logits = None
+        state.guessed.clear()
+        state.guessed_rows.clear()
         return out
 
     def _feed(self, ids: list[int], past: list, rows: int = 1) -> tuple[np.ndarray, list]:

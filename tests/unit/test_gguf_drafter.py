@@ -92,3 +92,61 @@ def test_a_context_that_changes_rolls_the_kv_back(default_file, target):
     changed = drafter.propose("a", len(prompt) + 2, [40, 41, 42], 6, SamplingParams())
     fresh = drafter.propose("b", 0, prompt + [5, 6, 40, 41, 42], 6, SamplingParams())
     assert [t.token_id for t in changed.tokens] == [t.token_id for t in fresh.tokens]
+
+
+def drafted_path(drafter, prompt: list[int], sampling: SamplingParams, name: str) -> tuple[list[int], int]:
+    """Blocks of 3 continuing the drafter's own path (as a followed node drafts), with a rejection half-way
+    (the last 2 tokens replaced); returns (the tokens drafted, the forwards run)."""
+    forwards = 0
+    feed = drafter.feed
+
+    def counted(kv, ids, keep):
+        nonlocal forwards
+        forwards += 1
+        return feed(kv, ids, keep)
+
+    drafter.feed = counted
+    try:
+        context, known, out = list(prompt), 0, []
+        for block in range(16):
+            if block == 8:
+                context = context[:-2] + [context[-1]]       # a rejection: the real context differs
+                known = min(known, len(context) - 1)
+            got = drafter.propose(name, known, context[known:], 3, sampling)
+            known = len(context)
+            new = [t.token_id for t in got.tokens]
+            context += new
+            out += new
+        return out, forwards
+    finally:
+        drafter.feed = feed
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, seed=11)],
+                         ids=["greedy", "seeded"])
+def test_guessed_rows_draft_the_same_tokens_in_fewer_forwards(default_file, target, sampling):
+    """Feeding a guess of the next token beside each drafted one changes how many forwards a block takes,
+    never the tokens: each is still chosen from its own row for the real draft prefix."""
+    prompt = prompt_ids(target, "Repeat the line 'red green blue, one two three' four times.")
+    plain = GgufDrafter(default_file, guesses=0)
+    guessing = GgufDrafter(default_file, guesses=1)
+    want, plain_forwards = drafted_path(plain, prompt, sampling, "p")
+    got, guessed_forwards = drafted_path(guessing, prompt, sampling, "g")
+    assert got == want
+    assert guessed_forwards <= (0.85 if sampling.greedy else 0.95) * plain_forwards, (guessed_forwards, plain_forwards)
+
+
+def test_serve_drafter_flags_reach_a_gguf_drafter(default_file, monkeypatch):
+    """`tandem serve-drafter --drafter FILE.gguf --drafter-activations fp32 --drafter-guesses 0` builds exactly
+    that drafter (the flags were once parsed and dropped); the variables do the same."""
+    from drafter_service import cli
+    from tandem.cli import build_parser
+
+    args = build_parser(only="serve-drafter").parse_args(
+        ["serve-drafter", "--drafter", str(default_file), "--drafter-activations", "fp32", "--drafter-guesses", "0"])
+    drafter = cli.load(args)
+    assert (drafter.activations, drafter.guess_tokens) == ("fp32", 0)
+    monkeypatch.setenv("TANDEM_DRAFTER_GUESSES", "2")
+    args = build_parser(only="serve-drafter").parse_args(["serve-drafter", "--drafter", str(default_file)])
+    drafter = cli.load(args)
+    assert (drafter.activations, drafter.guess_tokens) == ("int8", 2)

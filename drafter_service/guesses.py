@@ -1,0 +1,66 @@
+"""Guessed rows: a model drafter's own speculation, so one forward can draft more than one token.
+
+On a CPU a drafter's one-token step reads every weight once and is bound by memory bandwidth: the target's
+own file with int8 activations takes ~5.3 ms a row on one Zen 4 core and ~5.7 ms for two rows (BENCHMARKS.md,
+thirtieth session). So when the drafter feeds the token it just drafted, it may feed after it the tokens it
+guesses will follow (what followed the most recent earlier occurrence of the last few tokens, as prompt
+lookup finds them) for little more. Where its next drafted token is the guess, the guess's row already holds
+the logits after it and the step is skipped; where not, the rows after the first differing token are
+dropped from the KV (a crop) and nothing else changes.
+
+The drafted tokens do not depend on the guesses: each is still chosen from the drafter's own logits row for
+the real draft prefix (a guess is used only when it *is* the token chosen), so the block and the q it reports
+are what one-token steps would give, with rows that are bit-identical at every width (the verifier's decoder
+keeps them so). Guesses change the drafter's speed only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+MAX_NGRAM = 3
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(diff[0]) if diff.size else n
+
+
+class Continuations:
+    """What followed the most recent earlier occurrence of a sequence's last n tokens (n = ``max_ngram`` down
+    to 1), over a sequence that grows and rewinds (a drafter session's tokens). Each n-gram occurrence is
+    indexed once, by its end; a rewind un-indexes the occurrences ending past the tokens kept (newest first,
+    so every n-gram's list of ends stays in order and its last entry is its most recent occurrence)."""
+
+    def __init__(self, max_ngram: int = MAX_NGRAM):
+        self.max_ngram = max(1, int(max_ngram))
+        self._ends: dict[tuple[int, ...], list[int]] = {}
+        self._log: list[tuple[int, tuple[int, ...]]] = []    # (end, n-gram) in the order indexed
+        self._seq: list[int] = []
+        self._indexed = 1                                    # occurrences ending before this are indexed
+
+    def guess(self, seq: Sequence[int], m: int) -> list[int]:
+        """Up to ``m`` tokens guessed to follow ``seq`` (empty: no earlier occurrence of its last token)."""
+        if m <= 0 or len(seq) < 2:
+            return []
+        size = len(seq)
+        done = min(_common_prefix(self._seq, seq), size - 1)  # occurrences ending at size are the query itself
+        log, ends, hi = self._log, self._ends, self.max_ngram
+        while log and log[-1][0] > done:                     # its tokens changed or are gone
+            ends[log.pop()[1]].pop()
+        for e in range(max(1, min(self._indexed, done + 1)), size):
+            for n in range(1, min(hi, e) + 1):
+                key = tuple(seq[e - n:e])
+                ends.setdefault(key, []).append(e)
+                log.append((e, key))
+        self._indexed, self._seq = size, list(seq)
+        for n in range(min(hi, size - 1), 0, -1):
+            found = ends.get(tuple(seq[size - n:]))
+            if found:
+                return [int(t) for t in seq[found[-1]:found[-1] + m]]
+        return []
