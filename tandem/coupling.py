@@ -110,6 +110,32 @@ def coupled_index(scores: np.ndarray, ids: np.ndarray, seed: int, position: int)
     return int(cand[np.argmax(scores[cand] + gumbel_of_bits(bits[cand]))])
 
 
+def candidates(logits: np.ndarray, temperature: float, key: int, high: int, floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens of a float32 logits row [V] that can still win (``coupled_choice``): (their ids, their 53-bit
+    noise integers), ids ascending: scaled logit l/T at least ``floor``, or noise integer at least ``high``.
+    The numpy reference of the verifier's C scan (verifier_service/kernels/coupling.c), which is exactly it."""
+    bits = uniform_bits(key, np.arange(logits.shape[0]))
+    cand = np.flatnonzero((logits.astype(np.float64) / temperature >= floor) | (bits >= np.uint64(high)))
+    return cand, bits[cand]
+
+
+def coupled_choice(logits: np.ndarray, temperature: float, seed: int, position: int, scan=candidates) -> int:
+    """``coupled_token`` over every token of a raw float32 logits row [V] at ``temperature``, the same token
+    (the same top token, reached score and candidates; see ``coupled_index``), without a float64 copy of the
+    row or noise for every token outside the scan: ``scan`` (``candidates``, or the verifier's C kernel with
+    its arguments) finds the few tokens that can win in one pass."""
+    logits = np.asarray(logits, dtype=np.float32)
+    temperature = float(temperature)
+    if logits.ndim != 1 or logits.shape[0] <= _SMALL:
+        return coupled_token(logits.astype(np.float64) / temperature, None, seed, position)
+    key = position_key(seed, position)
+    top = int(np.argmax(logits))            # the first top of l/T too: dividing by T > 0 keeps the order
+    reached = float(np.float64(logits[top]) / temperature) + float(gumbel_of_bits(uniform_bits(key, np.array([top])))[0])
+    ids, bits = scan(logits, temperature, key, _HIGH, reached - _NEAR - _SLACK)
+    scores = logits[ids].astype(np.float64) / temperature
+    return int(ids[np.argmax(scores + gumbel_of_bits(bits))])
+
+
 def coupled_token(scaled_logits: np.ndarray, support: np.ndarray | None, seed: int, position: int) -> int:
     """The coupled choice over a full logits row: ``scaled_logits`` [V] (l/T, indexed by token id),
     ``support`` the token ids with p > 0 (None: every token). Returns a token id."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tandem.coupling import coupled_token
+from tandem.coupling import candidates, coupled_choice, coupled_token
 from tandem.types import SamplingParams
 from verifier_service.warping import support
 
@@ -96,8 +96,19 @@ def coupled_sample(logits: torch.Tensor, sampling: SamplingParams, position: int
     l/T + g(seed, position, v) over the warped support (tandem.coupling). A pure function of the row, the
     settings and the position, so a verify row bit-identical to a plain step chooses the same token."""
     ids = support(logits, sampling)                                   # [n] ascending (None: every token)
+    if ids is None:                     # every token: one scan of the row finds the few that can win
+        row = logits.detach().cpu().float().contiguous().numpy()
+        return coupled_choice(row, float(sampling.temperature), int(sampling.seed), position, _scan())
     scaled = logits.double().cpu().numpy() / float(sampling.temperature)       # [V] l/T
-    return coupled_token(scaled, None if ids is None else ids.cpu().numpy(), int(sampling.seed), position)
+    return coupled_token(scaled, ids.cpu().numpy(), int(sampling.seed), position)
+
+
+def _scan():
+    """The C kernels' candidate scan (kernels/coupling.c) where they are built, else numpy's (the same tokens)."""
+    from verifier_service import native
+
+    kernels = native.library()
+    return kernels.coupled_candidates if kernels is not None else candidates
 
 
 def accept_coupled(target_logits: torch.Tensor, draft_ids: Sequence[int], sampling: SamplingParams,

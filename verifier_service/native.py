@@ -44,7 +44,8 @@ import torch
 KERNELS = Path(__file__).with_name("kernels")
 ISAS = ("avx512vnni", "avx512", "avx2", "generic")
 ENV = "TANDEM_ISA"
-SOURCES = {"generic": ("gemm_generic.c", "gemm_q8_generic.c", "ops_generic.c", "decoder_layers.c", "gemm_q8x8_pick.c"),
+SOURCES = {"generic": ("gemm_generic.c", "gemm_q8_generic.c", "ops_generic.c", "decoder_layers.c", "gemm_q8x8_pick.c",
+                       "coupling.c"),
            "avx2": ("gemm_avx2.c", "gemm_q8_avx2.c", "ops_avx2.c"),
            "avx512": ("gemm_avx512.c", "gemm_q8_avx512.c", "ops_avx512.c"),
            "avx512vnni": ("gemm_q8x8_avx512vnni.c",)}
@@ -183,6 +184,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         f.restype = None
     lib.tq_decoder_layers.argtypes = [ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, cint]
     lib.tq_decoder_layers.restype = cint
+    u64, f64 = ctypes.c_uint64, ctypes.c_double
+    lib.tq_coupled_candidates.argtypes = [ptr, i64, f64, u64, u64, f64, ptr, ptr, i64]
+    lib.tq_coupled_candidates.restype = i64
 
 
 @functools.cache
@@ -266,6 +270,22 @@ class Kernels:
         self.scaled_row_bytes = lib.tq_scaled_row_bytes
         self._rope_store = lib.tq_rope_store
         self.decoder_layers = lib.tq_decoder_layers     # the layer loop in one call: kernels/decoder_layers.c
+        self._coupled_candidates = lib.tq_coupled_candidates
+
+    def coupled_candidates(self, logits, temperature: float, key: int, high: int, floor: float):
+        """kernels/coupling.c over a float32 row (numpy, contiguous): (indices int64, 53-bit noise uint64) of
+        the tokens that can win coupled sampling's race (tandem.coupling.candidates, the numpy reference)."""
+        import numpy as np
+
+        n = int(logits.shape[0])
+        cap = 4096
+        while True:
+            index, bits = np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.uint64)
+            m = self._coupled_candidates(logits.ctypes.data, n, float(temperature), key, high, float(floor),
+                                         index.ctypes.data, bits.ctypes.data, cap)
+            if m <= cap:
+                return index[:m], bits[:m]
+            cap = int(m)
 
     def row_attention(self, q, q_row, n, heads, kv_heads, d, k, v, cap, start, scale, out, threads, window=0):
         """``attention`` with the window last (0: every earlier key)."""

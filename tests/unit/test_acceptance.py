@@ -134,6 +134,31 @@ def test_coupled_index_over_a_large_support_is_the_argmax_over_every_token(scale
         assert coupled_index(scores, ids, 5, position) == full
 
 
+def test_coupled_choice_over_a_raw_row_is_the_argmax_over_every_token_with_either_scan():
+    """The verifier's coupled sample over a whole row scans it once for the tokens that can win (numpy, or the
+    C kernel): the same token as the noise added to every token, ties at the top and masked tokens included."""
+    from tandem.coupling import candidates, coupled_choice
+    from verifier_service import native
+
+    scans = [candidates] + ([native.library().coupled_candidates] if native.library() is not None else [])
+    rng = np.random.default_rng(11)
+    for vocab in (3000, 49_152, 262_144):
+        ids = np.arange(vocab)
+        for trial in range(12):
+            logits = (rng.normal(0, rng.uniform(0.5, 8.0), vocab)).astype(np.float32)
+            if trial % 3 == 0:
+                logits[rng.integers(vocab, size=40)] = logits.max()            # ties at the top
+            if trial % 4 == 1:
+                logits[rng.integers(vocab, size=vocab // 3)] = -np.inf         # masked tokens
+            temperature = float(rng.choice([0.2, 0.7, 1.0, 1.7]))
+            seed, position = int(rng.integers(2**64, dtype=np.uint64)), int(rng.integers(100_000))
+            scores = logits.astype(np.float64) / temperature
+            with np.errstate(invalid="ignore"):
+                want = int(np.argmax(scores + gumbel(seed, position, ids)))
+            for scan in scans:
+                assert coupled_choice(logits, temperature, seed, position, scan) == want, (vocab, trial, scan)
+
+
 def test_a_verify_block_is_warped_row_by_row_like_plain_steps():
     g = torch.Generator().manual_seed(3)
     for vocab, scale in ((64, 1.0), (5000, 4.0), (49_152, 6.0)):
