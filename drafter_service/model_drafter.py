@@ -265,15 +265,18 @@ class ModelDrafter(ContextDrafter):
 
     def draft_block(self, state: ModelState, context: list[int], k: int, sampling: SamplingParams,
                     min_confidence: float = 0.0, *, offset: int = 0) -> list[DraftToken]:
+        guessing = self.guess_tokens > 0 and self._shared is not None
+        guessed, guessed_rows = state.guessed, state.guessed_rows
         logits = self._resume(state, context)
-        if logits is None:
+        if logits is None and guessing and not guessed and len(context) == len(state.kv_ids) + 1 \
+                and context[:-1] == state.kv_ids:   # the last block's last token: fed with a guess of the next
+            logits = self._feed_guessing(state, context[-1])
+        elif logits is None:
             logits = self._sync(state, context, 1)[-1]
         state.next_logits = None
         rng = None if sampling.greedy or sampling.coupled else state.generator(sampling.seed)
         dv = self.meta.draft_vocab
         tokens: list[DraftToken] = []
-        guessing = self.guess_tokens > 0 and self._shared is not None
-        guessed, guessed_rows = state.guessed, state.guessed_rows
         for j in range(k):
             step = offset + j                   # position in the whole block
             if sampling.greedy:
@@ -311,12 +314,7 @@ class ModelDrafter(ContextDrafter):
                     continue
                 if guessed:                     # a wrong guess: drop its rows and those after it
                     self._drop_guesses(state)
-                guesses = self._guesses(state, tok.token_id, self.guess_tokens)
-                rows = state.kv[0].run([tok.token_id, *guesses], 1 + len(guesses))[0]
-                state.kv_ids.append(tok.token_id)
-                logits = rows[0]
-                guessed.extend(guesses)
-                guessed_rows.extend(rows[1:])
+                logits = self._feed_guessing(state, tok.token_id)
         if guessed:
             unfed = len(state.kv_ids) < len(context) + len(tokens)      # the block's last token (not fed)
             if unfed and tokens[-1].token_id == guessed[0]:     # fed as a guess: the next block starts after it
@@ -347,6 +345,16 @@ class ModelDrafter(ContextDrafter):
         state.kv = self._crop(state.kv, len(state.kv_ids))
         state.guessed.clear()
         state.guessed_rows.clear()
+
+    def _feed_guessing(self, state: ModelState, token: int) -> np.ndarray:
+        """Feeds ``token`` after kv_ids with the guesses of what follows it (drafter_service.guesses); returns
+        the logits after ``token``, the guesses' rows kept in the state."""
+        guesses = self._guesses(state, token, self.guess_tokens)
+        rows = state.kv[0].run([token, *guesses], 1 + len(guesses))[0]
+        state.kv_ids.append(token)
+        state.guessed.extend(guesses)
+        state.guessed_rows.extend(rows[1:])
+        return rows[0]
 
     def _guesses(self, state: ModelState, token: int, m: int) -> list[int]:
         """Up to ``m`` tokens guessed to follow the session's tokens and ``token`` (drafter_service.guesses)."""
