@@ -114,7 +114,11 @@ int TQ_GEMM_NAME(TQ_GEMM_ARGS) {
     if (!fns || !tq_gemm_shape_ok(kind, inner)) return -1;
     const int64_t tiles = (out + OUT_TILE - 1) / OUT_TILE;
 #ifdef TWO_COLUMNS
-    const pair_fn *pairs = n >= 2 && inner >= TWO_COLUMN_MIN_INNER ? pairs_of(kind) : 0;
+    /* not for PAIR_ROWS + 1 rows: a pair pass of 4 then one of 1 rebuild every chunk twice where one pass of
+       5 rows rebuilds it once (SmolLM2, 1 thread, width 5: 22.7-23.3 -> 21.6-21.9 ms a forward; at 6 even,
+       at 7 and 8 pairs win: BENCHMARKS.md, thirtieth session). The same bits either way. */
+    const int paired_n = n != PAIR_ROWS + 1;
+    const pair_fn *pairs = n >= 2 && paired_n && inner >= TWO_COLUMN_MIN_INNER ? pairs_of(kind) : 0;
     const int rows = pairs ? PAIR_ROWS : ROWS;
 #else
     const int rows = ROWS;
