@@ -357,7 +357,10 @@ class ModelDrafter(ContextDrafter):
         return rows[0]
 
     def _guesses(self, state: ModelState, token: int, m: int) -> list[int]:
-        """Up to ``m`` tokens guessed to follow the session's tokens and ``token`` (drafter_service.guesses)."""
+        """Up to ``m`` tokens guessed to follow the session's tokens and ``token`` (drafter_service.guesses), never
+        past the drafter's context (a guess takes a position in the KV)."""
+        if self.meta.max_context:
+            m = min(m, self.meta.max_context - len(state.kv_ids) - 1)
         if m <= 0:
             return []
         if state.continuations is None:

@@ -150,3 +150,31 @@ def test_serve_drafter_flags_reach_a_gguf_drafter(default_file, monkeypatch):
     args = build_parser(only="serve-drafter").parse_args(["serve-drafter", "--drafter", str(default_file)])
     drafter = cli.load(args)
     assert (drafter.activations, drafter.guess_tokens) == ("int8", 2)
+
+
+def test_a_guess_never_takes_a_position_past_the_drafters_context(default_file, target):
+    """A block that ends at max_context is drafted without guessing past it (a guess takes a KV position)."""
+    import dataclasses
+
+    class AlwaysGuess:
+        def guess(self, seq, m):
+            return [int(seq[-1])] * m
+
+    drafter = GgufDrafter(default_file, guesses=1)
+    limit = 48                                   # this drafter's context, made short for the test
+    drafter.meta = dataclasses.replace(drafter.meta, max_context=limit)
+    drafter._info = dataclasses.replace(drafter._info, max_context=limit)
+    prompt = (prompt_ids(target, "one two one two") * 8)[:limit - 6]
+    first = drafter.propose("edge", 0, prompt, 1, SamplingParams()).tokens[0].token_id
+    drafter.sessions.get("edge").continuations = AlwaysGuess()
+    held, feed = [], drafter.feed
+
+    def recorded(kv, ids, keep):
+        out = feed(kv, ids, keep)
+        held.append(kv.length)
+        return out
+
+    drafter.feed = recorded
+    got = drafter.propose("edge", len(prompt), [first], 8, SamplingParams())   # shortened to 6: up to the limit
+    assert len(got.tokens) == 6
+    assert held and max(held) <= limit, held
