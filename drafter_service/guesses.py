@@ -23,9 +23,10 @@ import numpy as np
 MAX_NGRAM = 3
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
+def common_prefix(a: Sequence[int], b: Sequence[int], n: int | None = None) -> int:
+    """Length of the common prefix of a[:n] and b[:n] (n: the shorter length when None), in one numpy pass."""
+    n = min(len(a), len(b)) if n is None else n
+    if n <= 0:
         return 0
     diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
     return int(diff[0]) if diff.size else n
@@ -49,7 +50,7 @@ class Continuations:
         if m <= 0 or len(seq) < 2:
             return []
         size = len(seq)
-        done = min(_common_prefix(self._seq, seq), size - 1)  # occurrences ending at size are the query itself
+        done = min(common_prefix(self._seq, seq), size - 1)  # occurrences ending at size are the query itself
         log, ends, hi = self._log, self._ends, self.max_ngram
         while log and log[-1][0] > done:                     # its tokens changed or are gone
             ends[log.pop()[1]].pop()

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from drafter_service.drafter import DEFAULT_MAX_SESSIONS, ContextDrafter, Decide, DraftState
-from drafter_service.guesses import Continuations
+from drafter_service.guesses import Continuations, common_prefix
 from drafter_service.kv_buffers import SHARED_KV_INPUTS, SharedKV, SharedKVGraph
 from drafter_service.sampling import coupled_draft, sample_index, top_probability, truncate_support, warp
 from tandem.sessions import SessionStore
@@ -153,14 +153,6 @@ def default_providers() -> list[str]:
     if not glob.glob("/dev/nvidia[0-9]*"):
         available = [p for p in available if p != "CUDAExecutionProvider"]
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
-
-
-def _common_prefix(held: list[int], ids: list[int], n: int) -> int:
-    """Length of the common prefix of held[:n] and ids[:n]."""
-    if n <= 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(held[:n]) != np.asarray(ids[:n]))
-    return int(diff[0]) if diff.size else n
 
 
 class ModelDrafter(ContextDrafter):
@@ -394,7 +386,7 @@ class ModelDrafter(ContextDrafter):
         than ``rollback_to`` tokens, default len(ids) - 1: the last token is always re-fed, its logits start
         the draft), feeds the rest. Returns the logits rows of the last ``rows`` positions."""
         limit = len(ids) - 1 if rollback_to is None else rollback_to
-        common = _common_prefix(state.kv_ids, ids, min(len(state.kv_ids), limit))
+        common = common_prefix(state.kv_ids, ids, min(len(state.kv_ids), limit))
         past = self._crop(state.kv, common) if common < self._kv_length(state.kv) else state.kv
         out, state.kv = self._feed(ids[common:], past, rows)
         state.kv_ids = list(ids)
