@@ -1,33 +1,19 @@
 """int8 drafter with its head requantized (Q8_0 -> Q4_0/Q4_1/Q5_0): step ms and argmax agreement with fp32 greedy."""
-import os, sys, json, time, statistics as st
+import os, sys, time, statistics as st
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.getcwd())
 import numpy as np, torch
 torch.set_num_threads(1)
 import gguf
 from gguf import quants
-from verifier_service.target import Target
 from verifier_service.weights import BlockWeight
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference import fp32_greedy, greedy, load
 path, n, T = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-qs = [json.loads(l) for l in open("/work/shared/data/spec_bench/question.jsonl")]
-qs = qs[::max(1, len(qs)//n)][:n]
-os.environ["TANDEM_ACTIVATIONS"] = "fp32"
-t32 = Target.load(path); tok = t32.tokenizer
-seqs = []
-with torch.inference_mode():
-    for q in qs:
-        ids = tok.apply_chat_template([{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True)
-        if hasattr(ids, "keys"): ids = ids["input_ids"]
-        ids = list(ids)[-400:]
-        dec = t32.decoder; c = dec.new_cache(); lg = dec.forward(c, ids, True); out = []
-        for i in range(T):
-            t = int(lg[-1].argmax()); out.append(t); lg = dec.forward(c, [t], False)
-        seqs.append((ids, out))
+t32, seqs = fp32_greedy(path, n, T)
 del t32
-os.environ["TANDEM_ACTIVATIONS"] = "int8"
-t8 = Target.load(path); dec = t8.decoder
+t8 = load(path, "int8"); dec = t8.decoder
 orig = dec.weights.head
-W = quants.dequantize(orig.blocks.raw if hasattr(orig.blocks,'raw') else None, gguf.GGMLQuantizationType.Q8_0) if False else None
 r = gguf.GGUFReader(path)
 emb = [t for t in r.tensors if t.name == "token_embd.weight"][0]
 Wf = quants.dequantize(emb.data, emb.tensor_type)           # [vocab, hidden] float32
