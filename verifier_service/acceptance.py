@@ -27,6 +27,7 @@ Nothing here knows about sessions, caches or gRPC.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -103,8 +104,10 @@ def coupled_sample(logits: torch.Tensor, sampling: SamplingParams, position: int
     return coupled_token(scaled, ids.cpu().numpy(), int(sampling.seed), position)
 
 
+@functools.cache
 def _scan():
-    """The C kernels' candidate scan (kernels/coupling.c) where they are built, else numpy's (the same tokens)."""
+    """The C kernels' candidate scan (kernels/coupling.c) where they are built, else numpy's (the same tokens).
+    Looked up once: the scan is plain C, the same on every ISA (finding the library costs ~10 us a token)."""
     from verifier_service import native
 
     kernels = native.library()
