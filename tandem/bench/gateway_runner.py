@@ -20,7 +20,8 @@ ROUND_FIELDS = ("k", "proposed", "accepted", "rejection_position", "bonus", "dra
                 "round_ms")
 # the automatic draft length's figures (gateway/draft_length/); read when the gateway's RoundStats has them
 AUTO_ROUND_FIELDS = ("k_reason", "expected_tokens", "expected_tokens_per_ms", "lookup_tokens", "emitted",
-                     "source")   # source: where the block came from (copy, ahead, wait, propose; "" plain)
+                     "source",   # source: where the block came from (copy, ahead, wait, propose; "" plain)
+                     "wire_ms", "gateway_ms", "stream_ms")   # where a round's time beyond the forward went
 SERVER_FIELDS = ("prompt_tokens", "new_tokens", "rounds", "proposed", "accepted", "mean_acceptance_length",
                  "acceptance_rate", "ttft_ms", "total_ms", "draft_ms", "verify_ms", "overhead_ms", "prefill_ms",
                  "tokens_per_second", "speculative", "fallback_reason", "draft_model", "target_model")

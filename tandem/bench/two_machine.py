@@ -36,6 +36,7 @@ accepted: the recovered or bonus token of each round).
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import time
@@ -249,6 +250,43 @@ def round_sources(samples: list[dict], mode: str) -> dict:
             "accepted_by_source": dict(accepted), "target_tokens": target}
 
 
+def time_split(samples: list[dict], mode: str) -> dict:
+    """Where a mode's time goes, pooled over its samples: the first token's share of the requests' wall time
+    (no drafter shortens it), the median verify ms of its plain rounds (a one-row forward: beside the baseline's,
+    what the drafter's own work on the shared host costs the verifier's forward; two machines share no memory
+    bus), the mean plain rounds after a rejected block (the path restarting), and the mean gateway and wire ms
+    a round (where the gateway reports them)."""
+    first = wall = 0.0
+    plain_verify: list[float] = []
+    after: list[int] = []
+    gateway: list[float] = []
+    wire: list[float] = []
+    for s in samples:
+        if s.get("mode") != mode or "error" in s:
+            continue
+        first += s.get("ttft_ms") or 0.0
+        wall += s.get("wall_ms") or 0.0
+        r = s.get("rounds")
+        if not r:
+            continue
+        sources = [x or "plain" for x in (r.get("source") or [""] * len(r["k"]))]
+        plain_verify += [v for v, src in zip(r["verify_ms"], sources) if src == "plain"]
+        gateway += r.get("gateway_ms") or []
+        wire += r.get("wire_ms") or []
+        for i, (proposed, accepted) in enumerate(zip(r.get("proposed") or r["k"], r["accepted"])):
+            if accepted < proposed:
+                j = i + 1
+                while j < len(sources) and sources[j] == "plain":
+                    j += 1
+                after.append(j - i - 1)
+    return {"first_token_share": first / wall if wall else None,
+            "plain_verify_ms": statistics.median(plain_verify) if plain_verify else None,
+            "plain_rounds_after_rejection": statistics.mean(after) if after else None,
+            "rejections": len(after),
+            "gateway_ms_per_round": statistics.mean(gateway) if gateway else None,
+            "wire_ms_per_round": statistics.mean(wire) if wire else None}
+
+
 def analyze_two_machine(results: dict) -> dict:
     samples = results["samples"]
     modes = results["modes"]
@@ -264,6 +302,7 @@ def analyze_two_machine(results: dict) -> dict:
             row["prompts"] = len(qs)
         row["sources"] = round_sources(samples, m)
         row["per_round"] = F.round_breakdown(samples, m)
+        row["time_split"] = time_split(samples, m)
         out["modes"][m] = row
     base = {x["question_id"]: x.get("token_ids") for x in samples if x["mode"] == PLAIN and x["repeat"] == 0}
     out["mismatches"] = [{"mode": s["mode"], "question_id": s["question_id"], "repeat": s["repeat"]}
@@ -311,6 +350,21 @@ def markdown_two_machine(results: dict) -> str:
              "block (`ahead`, `wait`, `propose`). Tokens by origin: accepted tokens of drafter blocks (draft) and of "
              "prompt-lookup copies (lookup), and each round's recovered or bonus token (target).")
     L.append("")
+    rows = [[m, _f(100 * t["first_token_share"] if t["first_token_share"] is not None else None, "{:.0f}%"),
+             _f(t["plain_verify_ms"]), _f(t["plain_rounds_after_rejection"]) + f" ({t['rejections']})",
+             _f(t["gateway_ms_per_round"]), _f(t["wire_ms_per_round"])]
+            for m, t in ((m, r.get("time_split")) for m, r in a["modes"].items()) if t]
+    if rows:
+        L.append("Where the time goes:")
+        L.append("")
+        L += table(["mode", "first token, of wall time", "plain round's verify ms (median)",
+                    "plain rounds after a rejection (rejections)", "gateway ms a round", "wire ms a round"], rows)
+        L.append("")
+        L.append("A plain round's verify is a one-row forward: where it is slower in a drafting mode than in plain "
+                 "decoding, the drafter's own work on this host slowed the verifier's forward (they share one "
+                 "memory bus here; two machines do not). Rounds after a rejection are plain until the drafter's "
+                 "restarted path arrives. Wire: the Verify call's time beyond the verifier's compute.")
+        L.append("")
     if a["mismatches"]:
         L.append(f"**GREEDY MISMATCH: {len(a['mismatches'])} outputs differ from plain decoding** "
                  + "; ".join(f"{x['mode']} q{x['question_id']} r{x['repeat']}" for x in a["mismatches"][:10]))

@@ -265,6 +265,39 @@ def test_two_machine_hit_rate_and_tokens_by_origin():
     assert "50%" in md and "draft 3, lookup 1, target 5" in md and "GREEDY MISMATCH" in md and "Test CPU" in md
 
 
+def test_two_machine_report_says_where_the_time_goes():
+    """The first token's share, a plain round's verify in each mode (the drafter's work slowing the shared
+    host's forward shows as a slower plain round than the baseline's) and the plain rounds after a rejection."""
+    from tandem.bench import two_machine as T
+
+    def rounds(sources, proposed, accepted, verify):
+        n = len(sources)
+        return {"k": proposed, "proposed": proposed, "accepted": accepted, "emitted": [a + 1 for a in accepted],
+                "source": sources, "draft_ms": [0.0] * n, "verify_ms": verify, "overhead_ms": [0.5] * n,
+                "round_ms": [v + 2 for v in verify], "gateway_ms": [0.25] * n, "wire_ms": [1.5] * n}
+
+    auto = T.auto_name(0)
+    samples = [
+        _sample(T.PLAIN, 1, [100.0, 400.0], [1, 4], rounds=rounds(["", "", "", ""], [0] * 4, [0] * 4, [8.0] * 4)),
+        _sample(T.LOOKUP_ONLY, 1, [100.0, 400.0], [1, 4], rounds=rounds(["", ""], [0, 0], [0, 0], [8.0, 8.0])),
+        # a rejected block, two plain rounds, a kept block, a rejected one at the end
+        _sample(auto, 1, [100.0, 200.0], [1, 4],
+                rounds=rounds(["ahead", "", "", "ahead", "ahead"], [4, 0, 0, 2, 3], [1, 0, 0, 2, 0],
+                              [20.0, 9.0, 10.0, 15.0, 18.0])),
+    ]
+    results = {"samples": samples, "modes": [T.PLAIN, T.LOOKUP_ONLY, auto]}
+    a = T.analyze_two_machine(results)
+    t = a["modes"][auto]["time_split"]
+    assert t["first_token_share"] == pytest.approx(0.5)
+    assert t["plain_verify_ms"] == pytest.approx(9.5) and a["modes"][T.PLAIN]["time_split"]["plain_verify_ms"] == 8.0
+    assert t["rejections"] == 2 and t["plain_rounds_after_rejection"] == pytest.approx(1.0)
+    assert (t["gateway_ms_per_round"], t["wire_ms_per_round"]) == (0.25, 1.5)
+    results.update(analysis=a, environment={"cpu": "Test CPU"}, verifier_cpus="0", drafter_cpus="1",
+                   delays_ms=[0.0], relay="relay")
+    md = T.markdown_two_machine(results)
+    assert "Where the time goes" in md and "| 9.50 |" in md and "1.00 (2)" in md and "| 25% |" in md
+
+
 def test_concurrency_runs_clients_at_once_and_reports_percentiles():
     from tandem.bench import concurrency as C
 
