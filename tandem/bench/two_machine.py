@@ -30,7 +30,9 @@ Per mode: tokens/s (request and decode), ratios to plain and to lookup-only, the
 their block came from (``RoundStats.source``: copy, ahead, wait, propose, or none: a plain step),
 the hit rate = rounds whose block the drafter had ready ("ahead") / rounds with a drafter block
 (ahead, wait or propose), and the accepted tokens by block source (target tokens = emitted -
-accepted: the recovered or bonus token of each round).
+accepted: the recovered or bonus token of each round); and where the time goes (``time_split``): the first
+token's share, a plain round's verify (slower in a drafting mode than in ``plain`` where the drafter's work
+slowed the shared host's forward), the plain rounds after a rejected block, gateway and wire ms a round.
 """
 
 from __future__ import annotations
