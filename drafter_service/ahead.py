@@ -30,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from drafter_service.guesses import common_prefix
 from tandem.errors import InvalidInput
 from tandem.types import DraftToken, SamplingParams
 
@@ -49,14 +50,6 @@ class Chunk:
     tokens: tuple[DraftToken, ...]
     compute_ms: float
     last: bool = False          # nothing more for this context until the next sync (an empty chunk is last too)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class AheadPath:
@@ -133,7 +126,7 @@ class AheadPath:
             full = self.context + [t.token_id for t in self.path]
             self._drafting = full
         t0 = time.perf_counter()
-        prefix = _common_prefix(self._seen, full)
+        prefix = common_prefix(self._seen, full)
         proposal = self.drafter.propose(self.session_id, prefix, full[prefix:], n, self.sampling, 0.0, self.token,
                                         committed=real, stop=lambda: self.path_id != path_id)
         self._seen = full

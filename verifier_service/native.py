@@ -39,6 +39,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 KERNELS = Path(__file__).with_name("kernels")
@@ -275,8 +276,6 @@ class Kernels:
     def coupled_candidates(self, logits, temperature: float, key: int, high: int, floor: float):
         """kernels/coupling.c over a float32 row (numpy, contiguous): (indices int64, 53-bit noise uint64) of
         the tokens that can win coupled sampling's race (tandem.coupling.candidates, the numpy reference)."""
-        import numpy as np
-
         n = int(logits.shape[0])
         cap = 4096
         while True:
