@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from verifier_service import fast_linear, x8_pick
+from verifier_service import fast_linear, greedy_head, x8_pick
 from verifier_service.architecture import DecoderSpec
 from verifier_service.kv_cache import StaticKVCache
 from verifier_service.native_layers import NativeLayers
@@ -164,6 +164,11 @@ class Decoder:
             self.gemm_note += f"; int8 x8 GEMM measured: {x8_pick.describe(self.x8_choices)}"
         if any(isinstance(m, (nn.Linear, fast_linear.FastLinear)) for m in self.linears.modules()):
             self.gemm, self.gemm_note, self.gemm_choice = fast_linear.configure(self.linears, gemm, widths)
+        # the head's argmax for greedy rows without every exact logit (verifier_service.greedy_head), at the
+        # widths where measure_greedy_head found it faster than the full head
+        self.greedy_head = greedy_head.GreedyHead(weights.head) if greedy_head.applies(weights.head) else None
+        self.greedy_widths: frozenset[int] = frozenset()
+        self.greedy_note = "off (not a Q8_0 head with fp32 activations)" if self.greedy_head is None else "not measured"
         self.native_layers, self.native_layers_note = None, "off (native_layers=False)"
         if native_layers:
             self.native_layers, self.native_layers_note = NativeLayers.build(spec, weights, ops, self.rope)
@@ -220,25 +225,47 @@ class Decoder:
         return n <= ROW_BY_ROW_MAX and (self.exact_rows or n == 1)
 
     @torch.inference_mode()
-    def forward(self, cache: StaticKVCache, input_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
+    def forward(self, cache: StaticKVCache, input_ids: Sequence[int], last_only: bool = False,
+                argmax_only: bool = False) -> torch.Tensor:
         """Feeds ``input_ids`` after the cache's ``length`` positions, appends their K/V, and returns logits
-        [len(input_ids), vocab] (``last_only``: [1, vocab], the last row)."""
-        return self._forward([(cache, input_ids)], [1] if last_only else None)[0]
+        [len(input_ids), vocab] (``last_only``: [1, vocab], the last row). ``argmax_only``: only each row's
+        argmax will be read (greedy decoding): rows may then hold -inf wherever the logit cannot be the largest,
+        the exact logit elsewhere (``verifier_service.greedy_head``; the argmax is the full row's, bit for bit)."""
+        return self._forward([(cache, input_ids)], [1] if last_only else None, argmax_only)[0]
 
     @torch.inference_mode()
     def forward_blocks(self, blocks: Sequence[tuple[StaticKVCache, Sequence[int]]],
-                       keep: Sequence[int | None] | None = None) -> list[torch.Tensor]:
+                       keep: Sequence[int | None] | None = None, argmax_only: bool = False) -> list[torch.Tensor]:
         """Several sessions' blocks in one forward: each ``(cache, input_ids)`` is fed after its own cache's
         ``length`` positions (its K/V appended there); returns each block's logits [len(input_ids), vocab],
         bit-identical to ``forward(cache, input_ids)`` alone while the rows together are at most
         ``max_exact_rows`` (see the module docstring). ``keep[i]`` (None: every row) limits block i's logits
-        to its last ``keep[i]`` rows (0: none; a slice of a prompt being prefilled)."""
+        to its last ``keep[i]`` rows (0: none; a slice of a prompt being prefilled). ``argmax_only``: as
+        ``forward``'s, for every block."""
         if len({id(cache) for cache, _ in blocks}) != len(blocks):
             raise ValueError("one block per cache in a forward")
-        return self._forward(blocks, keep)
+        return self._forward(blocks, keep, argmax_only)
 
     def _forward(self, blocks: Sequence[tuple[StaticKVCache, Sequence[int]]],
-                 keep: Sequence[int | None] | None = None) -> list[torch.Tensor]:
+                 keep: Sequence[int | None] | None = None, argmax_only: bool = False) -> list[torch.Tensor]:
+        segments, h = self._hidden(blocks)
+        s = self.spec
+        if keep is not None and any(k is not None for k in keep):     # the head on the rows asked for only
+            spans = [(first + n - (n if k is None else min(k, n)), first + n)
+                     for (_, _, first, n, _), k in zip(segments, keep)]
+            rows = [r for a, b in spans for r in range(a, b)]
+            logits = self._head(h[rows], argmax_only) if rows else h.new_empty(0, s.vocab)
+            out, at = [], 0
+            for a, b in spans:
+                out.append(logits[at:at + b - a])
+                at += b - a
+            return out
+        logits = self._head(h, argmax_only)
+        return [logits[first:first + n] for _, _, first, n, _ in segments]
+
+    def _hidden(self, blocks: Sequence[tuple[StaticKVCache, Sequence[int]]]) -> tuple[list, torch.Tensor]:
+        """The layers over every block's rows (K/V appended to each cache): (the blocks' segments, h [rows, hidden],
+        the final norm of the residual stream, what the head multiplies)."""
         s, w, ops = self.spec, self.weights, self.ops
         segments = []                           # (cache, first position, first row, rows, attention) a block
         row = 0
@@ -260,31 +287,58 @@ class Decoder:
             self._layers(segments, x, h)
         for cache, start, _, n, _ in segments:
             cache.length = start + n
-        if keep is not None and any(k is not None for k in keep):     # the head on the rows asked for only
-            spans = [(first + n - (n if k is None else min(k, n)), first + n)
-                     for (_, _, first, n, _), k in zip(segments, keep)]
-            rows = [r for a, b in spans for r in range(a, b)]
-            logits = self._head(h[rows]) if rows else h.new_empty(0, s.vocab)
-            out, at = [], 0
-            for a, b in spans:
-                out.append(logits[at:at + b - a])
-                at += b - a
-            return out
-        logits = self._head(h)
-        return [logits[first:first + n] for _, _, first, n, _ in segments]
+        return segments, h
 
-    def _head(self, h: torch.Tensor) -> torch.Tensor:
+    def _head(self, h: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
         """logits [rows, vocab] = the head on h. A GGUF head writes into rows padded by 16 floats where a row of
         logits is a whole number of 4 KiB pages (vocabularies of 32 768, 49 152, 262 144): the C GEMM writes
         every row's element o before the next column, and with page-aligned rows those stores alias in the
         cache and slow a wide head (BENCHMARKS.md, twenty-third session). The values are the same; the tensor
         returned is a view with that row stride."""
         head, vocab = self.weights.head, self.spec.vocab
-        if not isinstance(head, BlockWeight) or (vocab * 4) % 4096:
+        greedy = argmax_only and h.shape[0] in self.greedy_widths
+        if not isinstance(head, BlockWeight) or ((vocab * 4) % 4096 and not greedy):
             return head.matmul(h)
         logits = torch.empty(h.shape[0], vocab + 16)[:, :vocab]
-        head.matmul_into(h, logits)
+        if not (greedy and self.greedy_head.logits_into(h, logits)):
+            head.matmul_into(h, logits)
         return logits
+
+    def measure_greedy_head(self, widths: Sequence[int] = (1, 2, 4, 8), repeats: int = 7,
+                            margin: float = 0.95) -> frozenset[int]:
+        """Times the greedy head (``verifier_service.greedy_head``) against the full head at each width (rows of
+        h: the model's own hidden states after a fixed probe text of ``probe`` token ids), interleaved, and
+        keeps the widths where it takes at most ``margin`` of the full head's time (a width between two measured
+        ones follows the next wider). On the torch thread."""
+        if self.greedy_head is None:
+            return self.greedy_widths
+        vocab = self.spec.vocab
+        faster, cells = {}, []
+        with torch.inference_mode():
+            top = min(greedy_head.MAX_ROWS, max(widths))
+            probe = [(7 * i + 3) % vocab for i in range(32 + top)]
+            hidden = self._hidden([(self.new_cache(), probe)])[1][-top:].clone()
+            for w in sorted({int(x) for x in widths if 0 < int(x) <= greedy_head.MAX_ROWS}):
+                h = hidden[:w].contiguous()
+                out = torch.empty(w, vocab + 16)[:, :vocab]
+                self.greedy_head.logits_into(h, out)             # first touches (its scratch, the l1 table)
+                full, fast = [], []
+                for _ in range(max(1, repeats)):
+                    t0 = time.perf_counter()
+                    self.weights.head.matmul_into(h, out)
+                    t1 = time.perf_counter()
+                    ok = self.greedy_head.logits_into(h, out)
+                    t2 = time.perf_counter()
+                    full.append(t1 - t0)
+                    fast.append(t2 - t1 if ok else float("inf"))
+                f, g = min(full) * 1e3, min(fast) * 1e3
+                cells.append(f"w{w} {g:.2f}/{f:.2f} ms")
+                faster[w] = g <= margin * f
+        use = {x for x in range(1, max(faster, default=0) + 1) if faster[min(m for m in faster if m >= x)]}
+        self.greedy_widths = frozenset(use)
+        self.greedy_note = ((f"argmax-only rows at widths {', '.join(map(str, sorted(use)))}" if use
+                             else "measured slower") + f" (greedy / full head: {', '.join(cells)})")
+        return self.greedy_widths
 
     def _layers(self, segments, x: torch.Tensor, h: torch.Tensor) -> None:
         """Every layer over the rows of ``segments``: x (the residual stream) in place, h = its final norm."""

@@ -46,8 +46,8 @@ KERNELS = Path(__file__).with_name("kernels")
 ISAS = ("avx512vnni", "avx512", "avx2", "generic")
 ENV = "TANDEM_ISA"
 SOURCES = {"generic": ("gemm_generic.c", "gemm_q8_generic.c", "ops_generic.c", "decoder_layers.c", "gemm_q8x8_pick.c",
-                       "coupling.c"),
-           "avx2": ("gemm_avx2.c", "gemm_q8_avx2.c", "ops_avx2.c"),
+                       "coupling.c", "head_bound_generic.c"),
+           "avx2": ("gemm_avx2.c", "gemm_q8_avx2.c", "ops_avx2.c", "head_bound_avx2.c"),
            "avx512": ("gemm_avx512.c", "gemm_q8_avx512.c", "ops_avx512.c"),
            "avx512vnni": ("gemm_q8x8_avx512vnni.c",)}
 BASE_ISA = {"avx512vnni": "avx512"}   # a path with its own x8 GEMM only: every other kernel is this one's
@@ -61,6 +61,7 @@ REQUIRED_CPU_FLAGS = {"generic": set(), "avx2": {"avx2", "fma", "f16c"},
 # `rep stosq` memset per output row (204 672 calls a forward: +20 % at width 8, measured)
 CFLAGS = ("-O3", "-fno-tree-loop-distribute-patterns", "-ffp-contract=off", "-fopenmp", "-fPIC")
 ABI = 3
+HEAD_BOUND_ISAS = ("avx2", "generic")          # kernels/head_bound_<isa>.c (avx512 runs avx2's: 256-bit integer sums)
 X8_ISAS = ("avx2", "avx512", "avx512vnni")      # ISAs with the int8 GEMM on 8 interleaved weight rows (kernels/gemm_q8x8_x86.h)
 
 
@@ -188,6 +189,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     u64, f64 = ctypes.c_uint64, ctypes.c_double
     lib.tq_coupled_candidates.argtypes = [ptr, i64, f64, u64, u64, f64, ptr, ptr, i64]
     lib.tq_coupled_candidates.restype = i64
+    for which in HEAD_BOUND_ISAS:
+        if which in built_isas():
+            f = getattr(lib, f"tq_head_bound_{which}")
+            f.argtypes, f.restype = [cint, ptr, i64, i64, ptr, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, cint], cint
 
 
 @functools.cache
@@ -272,6 +277,8 @@ class Kernels:
         self._rope_store = lib.tq_rope_store
         self.decoder_layers = lib.tq_decoder_layers     # the layer loop in one call: kernels/decoder_layers.c
         self._coupled_candidates = lib.tq_coupled_candidates
+        # the head's logits to within a proven bound (kernels/head_bound.h; verifier_service/greedy_head.py)
+        self.head_bound = getattr(lib, f"tq_head_bound_{'generic' if which == 'generic' else 'avx2'}")
 
     def coupled_candidates(self, logits, temperature: float, key: int, high: int, floor: float):
         """kernels/coupling.c over a float32 row (numpy, contiguous): (indices int64, 53-bit noise uint64) of

@@ -129,6 +129,8 @@ class Target(TargetModel):
         t_warm = time.perf_counter()
         if warmup:
             loading.enter("measuring widths")
+            if self.decoder is not None:     # before the cost table: greedy rounds take the faster head
+                torch_thread.run(self.decoder.measure_greedy_head)
             self.warmup()
         self.warmup_s = time.perf_counter() - t_warm
         if warmup:
@@ -193,7 +195,8 @@ class Target(TargetModel):
             prefix = "no prefix cache" + (" (--prefix-cache-mb 0)" if self.caches_prefixes else
                                           f" (prompt chunks of {self.prefill_chunk or 'all'} rows do not run the "
                                           "row-exact kernels of a verify block)")
-        return (f"{self.path}; GEMMs {self.gemm} ({self.gemm_note}), attention {self.attention}, {batching}, "
+        head = f", greedy head {self.decoder.greedy_note}" if self.decoder is not None else ""
+        return (f"{self.path}; GEMMs {self.gemm} ({self.gemm_note}){head}, attention {self.attention}, {batching}, "
                 f"{prefill}, {prefix} ({phases})")
 
     # ---- the acceptance rule (on the torch thread) ------------------------------------------------

@@ -245,8 +245,8 @@ class TargetModel:
 
     @torch.inference_mode()
     def _forward_now(self, session: TargetSession, input_ids: Sequence[int], last_only: bool) -> torch.Tensor:
-        if self.decoder is not None:
-            return self.decoder.forward(session.cache, input_ids, last_only)                     # [n or 1, V]
+        if self.decoder is not None:         # a greedy session reads only each row's argmax (decoder.forward)
+            return self.decoder.forward(session.cache, input_ids, last_only, session.sampling.greedy)   # [n or 1, V]
         ids = torch.tensor([list(input_ids)], dtype=torch.long, device=self.device)        # [1, n]
         out = self._model(input_ids=ids, cache=session.cache, use_cache=True, logits_to_keep=1 if last_only else 0)
         return out.logits[0].float()                                                     # [n, V]
@@ -256,6 +256,7 @@ class TargetModel:
         """One forward over every session's block (its rows after its own cache); logits [n_i, V] each (``keep``:
         the decoder's, per block: only the last rows). Without the decoder (transformers' forward) the scheduler
         sends one block at a time."""
-        if self.decoder is not None:
-            return self.decoder.forward_blocks([(session.cache, ids) for session, ids in blocks], keep)
+        if self.decoder is not None:         # argmax-only rows where every session is greedy (decoder.forward)
+            return self.decoder.forward_blocks([(session.cache, ids) for session, ids in blocks], keep,
+                                               all(session.sampling.greedy for session, _ in blocks))
         return [self._forward_now(session, ids, False) for session, ids in blocks]

@@ -1,0 +1,124 @@
+"""The head's argmax without every exact logit: what greedy verification needs from the head, at a fraction of
+its cost.
+
+A greedy round reads only the argmax of each row of logits (``acceptance.accept_greedy``), yet the head is the
+widest weight of a small model and the largest of all with a big vocabulary: Gemma 3 270M's is 262 144 x 640
+(178 MB of Q8_0, more than its 18 layers together), read at every step with fp32 activations. Here each row
+of h first goes through a cheap pass (``kernels/head_bound.h``): h rounded to 8 bits a block, integer dot
+products with the Q8_0 rows, and for every logit a proven bound on its distance from the exact fp32 logit the
+verifier's kernels compute. Only the rows whose bound reaches the best lower bound can hold the argmax (a
+median of 2 of Gemma's 262 144 on real hidden states, BENCHMARKS.md, thirty-second session); those are then
+computed by the same exact kernel as the full head, on a copy of just their blocks, and every other logit of
+the row is set to -inf.
+
+So the row returned has the exact logit wherever it could be the largest and -inf elsewhere: its argmax, and
+the first index among ties, is the full row's, bit for bit (the exact kernel's row result does not depend on
+which other rows it computes: exact rows). Greedy output is unchanged; only the head's time is. Sampling,
+coupled sampling and anything else that reads the distribution gets the full head (``Decoder._head``).
+
+Where it applies: a Q8_0 head (the file's blocks or their fp32-scale copy) with fp32 activations, at most
+``MAX_ROWS`` rows a call; the int8 arithmetic's head is already an int8 GEMM. A row holding a value that is not
+finite falls back to the full head.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from verifier_service.quant import QuantWeight
+
+MAX_ROWS = 8                   # kernels/head_bound.h: HB_MAX_ROWS
+CAP = 4096                     # rows a thread may keep per row of h (more: the full head)
+KINDS = ("Q8_0",)
+
+
+def applies(head) -> bool:
+    """Whether ``head`` (a ``weights.BlockWeight``) can give its argmax this way."""
+    blocks = getattr(head, "blocks", None)
+    return (isinstance(blocks, QuantWeight) and blocks.kind in KINDS and blocks.activations == "fp32"
+            and blocks.x8 is None)
+
+
+def row_l1(blocks: np.ndarray, scaled: bool, inner: int, step: int = 16384) -> np.ndarray:
+    """sum_j |w_oj| of each row of Q8_0 blocks [out, bytes a row] (fp32 scales where ``scaled``), as float32
+    rounded up: the bound's factor (kernels/head_bound.h)."""
+    nb, sb = inner // 32, 4 if scaled else 2
+    out = np.empty(blocks.shape[0], dtype=np.float32)
+    for o in range(0, blocks.shape[0], step):
+        b = np.ascontiguousarray(blocks[o:o + step]).reshape(-1, nb, 32 + sb)
+        d = b[..., :sb].copy().view(np.float32 if scaled else np.float16)[..., 0].astype(np.float64)
+        s = np.abs(b[..., sb:].view(np.int8).astype(np.int16)).sum(axis=-1, dtype=np.int64)
+        exact = (d * s).sum(axis=-1)                       # float64: exact enough (each d * s exact)
+        f = exact.astype(np.float32)
+        out[o:o + step] = np.where(f < exact, np.nextafter(f, np.float32(np.inf)), f)
+    return out
+
+
+class GreedyHead:
+    """``logits(h)``: rows [n, vocab] whose argmax is the exact head's (see the module docstring)."""
+
+    def __init__(self, head):
+        if not applies(head):
+            raise ValueError(f"the greedy head takes a Q8_0 head with fp32 activations, not {head!r}")
+        self.blocks: QuantWeight = head.blocks
+        self._array = self.blocks.scaled if self.blocks.scaled is not None else self.blocks.raw
+        self._kind = self.blocks._type                      # Q8_0 or its scaled form
+        self._kernels = self.blocks._kernels
+        self.vocab, self.inner = self.blocks.out, self.blocks.inner
+        self.l1 = row_l1(self._array, self.blocks.scaled is not None, self.inner)   # [vocab] sum |w|, rounded up
+        self.candidates = 0                                 # rows computed exactly, summed over calls (a figure)
+        self.rows = 0
+
+    def candidates_of(self, h: torch.Tensor) -> list[np.ndarray] | None:
+        """For h [n, inner] (n <= MAX_ROWS): per row, the head rows that can hold its argmax (ascending), or None
+        where the bound pass does not apply (a value not finite, or too many rows kept: then every logit)."""
+        n = h.shape[0]
+        h = h.contiguous()
+        threads = max(1, min(64, torch.get_num_threads()))
+        cand_o = np.empty((threads, n, CAP), dtype=np.int32)
+        cand_u = np.empty((threads, n, CAP), dtype=np.float32)
+        count = np.zeros((threads, n), dtype=np.int64)
+        low = np.empty(n, dtype=np.float32)
+        rc = self._kernels.head_bound(self._kind, h.data_ptr(), n, self.inner, self._array.ctypes.data,
+                                      self._array.strides[0], self.vocab, self.l1.ctypes.data, CAP,
+                                      cand_o.ctypes.data, cand_u.ctypes.data, count.ctypes.data, low.ctypes.data,
+                                      threads)
+        if rc in (-2, -3):
+            return None
+        if rc:
+            raise RuntimeError(f"the head's bound kernel refused {self.blocks!r} (rc {rc})")
+        out = []
+        for r in range(n):
+            ids = np.concatenate([cand_o[t, r, :count[t, r]][cand_u[t, r, :count[t, r]] >= low[r]]
+                                  for t in range(threads)])
+            out.append(np.sort(ids).astype(np.int64))
+        return out
+
+    def exact(self, h_row: torch.Tensor, ids: np.ndarray) -> torch.Tensor:
+        """The exact logits of rows ``ids`` for one row of h [inner]: the full head's kernel on those rows' blocks."""
+        rows = np.ascontiguousarray(self._array[ids])
+        y = torch.empty(1, len(ids))
+        x = h_row.reshape(1, -1).contiguous()
+        rc = self.blocks._gemm(self._kind, x.data_ptr(), 1, self.inner, rows.ctypes.data, rows.strides[0], len(ids),
+                               None, y.data_ptr(), y.stride(0), 1)
+        if rc:
+            raise RuntimeError(f"the {self.blocks.isa} GEMM refused {self.blocks!r}")
+        return y[0]
+
+    def logits_into(self, h: torch.Tensor, out: torch.Tensor) -> bool:
+        """out [n, vocab] = rows whose argmax is the exact head's for h [n, inner]; False (out untouched) where
+        it does not apply to these rows (too many, a value not finite, too many candidates): the caller then
+        computes the full head."""
+        n = h.shape[0]
+        if n > MAX_ROWS or n < 1:
+            return False
+        ids = self.candidates_of(h)
+        if ids is None:
+            return False
+        out.fill_(float("-inf"))
+        for r in range(n):
+            out[r, torch.from_numpy(ids[r])] = self.exact(h[r], ids[r])
+            self.candidates += len(ids[r])
+        self.rows += n
+        return True

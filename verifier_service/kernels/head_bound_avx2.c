@@ -1,0 +1,90 @@
+/* head_bound.h on AVX2 (the avx2 and avx512 paths). A block's 32 weights widened to int16 in two registers
+   (vpmovsxbw from memory), vpmaddwd against x's 16-bit values gives the products in int32 pairs, exact (at most
+   2 * 128 * 32767 a pair, 2^27 a block); the block's 8 lanes are converted and multiplied into fp32 lane
+   accumulators by d; a row's lanes are added at its end. The row count is a constant in each instance (its
+   accumulators stay in registers). Integer sums exact; the float ones' rounding is what head_bound.h bounds,
+   whatever their order. */
+#include <immintrin.h>
+
+#include "head_bound.h"
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Independent accumulators a row keeps (by block, added at the end): an FMA's latency is several cycles, and one
+   chain a row would leave a pass over one or two rows waiting on it. */
+#define HB_ACCS(N) ((N) == 1 ? 4 : (N) == 2 ? 2 : 1)
+
+static inline __attribute__((always_inline)) void rows_n(int N, int kind, const uint8_t *row, const hb_rows *p,
+                                                         float *A) {
+    const int bb = tq_block_bytes(kind), sb = tq_scale_bytes(kind), K = HB_ACCS(N);
+    __m256 a[HB_MAX_ROWS][4];
+    for (int r = 0; r < N; r++)
+        for (int k = 0; k < K; k++) a[r][k] = _mm256_setzero_ps();
+    const int64_t nb = p->nb;
+    int64_t b = 0;
+    for (; b + K <= nb; b += K) {
+        for (int k = 0; k < K; k++) {
+            const uint8_t *blk = row + (b + k) * bb;
+            const __m256 d = _mm256_set1_ps(tq_scale(kind, blk, 0));
+            const __m256i q0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + sb)));
+            const __m256i q1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + sb + 16)));
+            for (int r = 0; r < N; r++) {
+                const int16_t *xq = p->xq + r * p->inner + (b + k) * QK;
+                const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(q0, _mm256_loadu_si256((const __m256i *)xq)),
+                                                   _mm256_madd_epi16(q1, _mm256_loadu_si256((const __m256i *)(xq + 16))));
+                a[r][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, a[r][k]);
+            }
+        }
+    }
+    for (; b < nb; b++) {
+        const uint8_t *blk = row + b * bb;
+        const __m256 d = _mm256_set1_ps(tq_scale(kind, blk, 0));
+        const __m256i q0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + sb)));
+        const __m256i q1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + sb + 16)));
+        for (int r = 0; r < N; r++) {
+            const int16_t *xq = p->xq + r * p->inner + b * QK;
+            const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(q0, _mm256_loadu_si256((const __m256i *)xq)),
+                                               _mm256_madd_epi16(q1, _mm256_loadu_si256((const __m256i *)(xq + 16))));
+            a[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, a[r][0]);
+        }
+    }
+    for (int r = 0; r < N; r++) {
+        __m256 t = a[r][0];
+        for (int k = 1; k < K; k++) t = _mm256_add_ps(t, a[r][k]);
+        A[r] = hsum8(t);
+    }
+}
+
+static inline __attribute__((always_inline)) void range_n(int N, int kind, const uint8_t *w, int64_t ldw, int64_t o0,
+                                                          int64_t o1, const hb_rows *p, const float *l1, hb_cands *c) {
+    for (int64_t o = o0; o < o1; o++) {
+        float A[HB_MAX_ROWS];
+        rows_n(N, kind, w + o * ldw, p, A);
+        for (int r = 0; r < N; r++) hb_keep(p, r, o, A[r], l1[o], c);
+    }
+}
+
+static void hb_range(int kind, const uint8_t *w, int64_t ldw, int64_t o0, int64_t o1, const hb_rows *p, int64_t n,
+                     const float *l1, hb_cands *c) {
+    switch (n) {
+    case 1: range_n(1, kind, w, ldw, o0, o1, p, l1, c); break;
+    case 2: range_n(2, kind, w, ldw, o0, o1, p, l1, c); break;
+    case 3: range_n(3, kind, w, ldw, o0, o1, p, l1, c); break;
+    case 4: range_n(4, kind, w, ldw, o0, o1, p, l1, c); break;
+    case 5: range_n(5, kind, w, ldw, o0, o1, p, l1, c); break;
+    case 6: range_n(6, kind, w, ldw, o0, o1, p, l1, c); break;
+    case 7: range_n(7, kind, w, ldw, o0, o1, p, l1, c); break;
+    default: range_n(8, kind, w, ldw, o0, o1, p, l1, c); break;
+    }
+}
+
+int tq_head_bound_avx2(int kind, const float *x, int64_t n, int64_t inner, const uint8_t *w, int64_t ldw,
+                       int64_t out, const float *l1, int64_t cap, int32_t *cand_o, float *cand_u, int64_t *cand_n,
+                       float *lower_max, int threads) {
+    return hb_run(kind, x, n, inner, w, ldw, out, l1, cap, cand_o, cand_u, cand_n, lower_max, threads);
+}
