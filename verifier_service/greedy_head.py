@@ -16,7 +16,7 @@ the first index among ties, is the full row's, bit for bit (the exact kernel's r
 which other rows it computes: exact rows). Greedy output is unchanged; only the head's time is. Sampling,
 coupled sampling and anything else that reads the distribution gets the full head (``Decoder._head``).
 
-Where it applies: a Q8_0 head (the file's blocks or their fp32-scale copy) with fp32 activations, at most
+Where it applies: a Q8_0 head (the file's blocks or their fp32-scale copy) or a Q6_K one with fp32 activations, at most
 ``MAX_ROWS`` rows a call; the int8 arithmetic's head is already an int8 GEMM. A row holding a value that is not
 finite falls back to the full head.
 """
@@ -30,7 +30,7 @@ from verifier_service.quant import QuantWeight
 
 MAX_ROWS = 8                   # kernels/head_bound.h: HB_MAX_ROWS
 CAP = 4096                     # rows a thread may keep per row of h (more: the full head)
-KINDS = ("Q8_0",)
+KINDS = ("Q8_0", "Q6_K")      # Q8_0: Gemma 3's tied head; Q6_K: the output of most Q4_K_M files
 
 
 def applies(head) -> bool:
@@ -40,18 +40,15 @@ def applies(head) -> bool:
             and blocks.x8 is None)
 
 
-def row_l1(blocks: np.ndarray, scaled: bool, inner: int, step: int = 16384) -> np.ndarray:
-    """sum_j |w_oj| of each row of Q8_0 blocks [out, bytes a row] (fp32 scales where ``scaled``), as float32
-    rounded up: the bound's factor (kernels/head_bound.h)."""
-    nb, sb = inner // 32, 4 if scaled else 2
-    out = np.empty(blocks.shape[0], dtype=np.float32)
-    for o in range(0, blocks.shape[0], step):
-        b = np.ascontiguousarray(blocks[o:o + step]).reshape(-1, nb, 32 + sb)
-        d = b[..., :sb].copy().view(np.float32 if scaled else np.float16)[..., 0].astype(np.float64)
-        s = np.abs(b[..., sb:].view(np.int8).astype(np.int16)).sum(axis=-1, dtype=np.int64)
-        exact = (d * s).sum(axis=-1)                       # float64: exact enough (each d * s exact)
+def row_l1(blocks: QuantWeight, step: int = 8192) -> np.ndarray:
+    """sum_j |w_oj| of each row of ``blocks``, the weights as the kernels rebuild them, as float32 rounded up:
+    the bound's factor (kernels/head_bound.h)."""
+    out = np.empty(blocks.out, dtype=np.float32)
+    for o in range(0, blocks.out, step):
+        ids = np.arange(o, min(o + step, blocks.out))
+        exact = blocks.rows(ids).abs().sum(dim=1, dtype=torch.float64).numpy()   # float64: exact enough
         f = exact.astype(np.float32)
-        out[o:o + step] = np.where(f < exact, np.nextafter(f, np.float32(np.inf)), f)
+        out[ids] = np.where(f < exact, np.nextafter(f, np.float32(np.inf)), f)
     return out
 
 
@@ -66,7 +63,7 @@ class GreedyHead:
         self._kind = self.blocks._type                      # Q8_0 or its scaled form
         self._kernels = self.blocks._kernels
         self.vocab, self.inner = self.blocks.out, self.blocks.inner
-        self.l1 = row_l1(self._array, self.blocks.scaled is not None, self.inner)   # [vocab] sum |w|, rounded up
+        self.l1 = row_l1(self.blocks)                        # [vocab] sum |w|, rounded up
         self.candidates = 0                                 # rows computed exactly, summed over calls (a figure)
         self.rows = 0
 

@@ -20,12 +20,12 @@ VOCAB, HIDDEN = 4096, 256
 
 
 class _Head:
-    """A Q8_0 head as the decoder holds one (``weights.BlockWeight``: ``.blocks``)."""
+    """A head as the decoder holds one (``weights.BlockWeight``: ``.blocks``)."""
 
-    def __init__(self, raw, out, inner, isa, scaled=True):
+    def __init__(self, raw, out, inner, isa, scaled=True, kind="Q8_0"):
         from verifier_service.quant import QuantWeight
 
-        self.blocks = QuantWeight("Q8_0", raw, out, inner, isa=isa, scaled=scaled)
+        self.blocks = QuantWeight(kind, raw, out, inner, isa=isa, scaled=scaled)
 
 
 def q8_rows(out, inner, seed=0, std=0.05):
@@ -33,6 +33,16 @@ def q8_rows(out, inner, seed=0, std=0.05):
 
     w = (np.random.default_rng(seed).standard_normal((out, inner)) * std).astype(np.float32)
     return gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0).reshape(out, -1)
+
+
+def head_of(kind, isa=None, scaled=True, seed=0):
+    """A random head of ``kind``: Q8_0 from gguf-py's quantizer, Q6_K random blocks (random_gguf)."""
+    if kind == "Q8_0":
+        return _Head(q8_rows(VOCAB, HIDDEN, seed), VOCAB, HIDDEN, isa, scaled)
+    from tandem.bench.random_gguf import random_tensor
+
+    raw = random_tensor(kind, VOCAB, HIDDEN, 0.05, np.random.default_rng(seed))
+    return _Head(raw, VOCAB, HIDDEN, isa, scaled, kind)
 
 
 def hidden_rows(n, seed, outliers=False):
@@ -44,14 +54,15 @@ def hidden_rows(n, seed, outliers=False):
     return h
 
 
-@pytest.mark.parametrize("scaled", [True, False])
+@pytest.mark.parametrize("kind,scaled", [("Q8_0", True), ("Q8_0", False), ("Q6_K", False)])
 @pytest.mark.parametrize("isa", [i for i in ("avx2", "generic", "avx512") if i in native.runnable_isas()])
-def test_argmax_and_candidates_are_the_full_heads(isa, scaled):
+def test_argmax_and_candidates_are_the_full_heads(isa, kind, scaled):
     """For rows of h at widths 1-8 (plain, large-range, and pointing at a row), each row's argmax is the full
-    head's, and every logit it computed is the full head's value bit for bit."""
+    head's, and every logit it computed is the full head's value bit for bit (Q8_0 from the file's blocks or
+    their fp32-scale copy; Q6_K, the output of most Q4_K_M files)."""
     from verifier_service.greedy_head import GreedyHead
 
-    head = _Head(q8_rows(VOCAB, HIDDEN), VOCAB, HIDDEN, isa, scaled)
+    head = head_of(kind, isa, scaled)
     greedy = GreedyHead(head)
     rows = head.blocks.rows(np.arange(0, VOCAB, 97))                   # h = a head row: its own logit stands out
     cases = [hidden_rows(8, 1), hidden_rows(8, 2, outliers=True), rows[:8] * 3.0, rows[8:16]]
@@ -99,7 +110,7 @@ def test_it_steps_aside_where_it_cannot_vouch():
 
 
 def test_other_heads_are_not_taken(tmp_path):
-    """Only a Q8_0 head with fp32 activations: a Q4_0 head, or the int8 arithmetic's x8 head, keeps the full head."""
+    """Only a Q8_0 or Q6_K head with fp32 activations: a Q4_0 head keeps the full head."""
     from verifier_service.gguf_model import GgufModel
     from verifier_service.greedy_head import applies
 

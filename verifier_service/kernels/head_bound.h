@@ -2,18 +2,22 @@
    greedy_head.py). Shared by head_bound_generic.c and head_bound_avx2.c, which define the inner loop hb_row
    (one weight row against the prepared rows of x) and name the entry point.
 
-   For a Q8_0 head (w = d * q exactly: an 11-bit by 8-bit product) and a row x of fp32 activations, x is rounded
-   to 16 bits (dx = m / 32767, m = max_j |x_j|; xq = round(x / dx)) and, with integer dot products,
+   For a Q8_0 head (w = d * q: an 11-bit by 8-bit product, exact) or a Q6_K one (w = (d * sc) * (q - 32),
+   rounded once) and a row x of fp32 activations, x is rounded to 16 bits (dx = m / 32767, m = max_j |x_j|;
+   xq = round(x / dx)) and, with integer dot products over each run of weights that shares a scale s_ob
+   (Q8_0: d of a 32-weight block; Q6_K: d * sc of a 16-weight sub-block),
 
-     A_o = dx * sum_b d_ob * sum_j q_obj xq_bj          (each block's integer sum exact)
+     A_o = dx * sum_b s_ob * sum_j q_obj xq_bj          (each run's integer sum exact, below 2^24)
      T_o = C * L1_o,   C = e + 2 (inner + 64) 2^-24 (m + e),   L1_o = sum_j |w_oj| (``l1``, rounded up)
 
    with e = max_j |x_j - dx xq_j| (computed in double: exact). For the fp32 logit y_o the exact kernels compute
    (FMAs over the rebuilt weights in any order), |y_o - A_o| <= T_o:
      |y_o - sum_j w_j x_j|          <= gamma_inner sum_j |w_j| |x_j|             <= (inner + 1) 2^-24 m L1_o
      |sum_j w_j (x_j - dx xq_j)|    <= e L1_o
-     |A_o computed - A_o real|      <= (nb + 8) 2^-24 dx sum_b d_ob |sum_j q xq| <= (nb + 8) 2^-24 (m + e) L1_o
-   (the float conversion of a block's sum, its product and sum, the final product: nb + 8 roundings at most).
+     |A_o computed - A_o real|      <= (nb + 8) 2^-24 dx sum_b s_ob |sum_j q xq| <= (nb + 8) 2^-24 (m + e) L1_o
+     (the float conversion of a run's sum, its product and sum, the final product: nb + 8 roundings at most,
+     nb <= inner / 16 runs; for Q6_K, L1_o of the weights as rebuilt, each within 2^-24 of the real product:
+     one more 2^-24 (m + e) L1_o), all within the 2 (inner + 64) 2^-24 (m + e) L1_o of C.
    The rounding of T_o itself and of A_o +- T_o is covered by widening: T'_o = T_o (1 + 2^-10) + |A_o| 2^-20.
 
    With L = max_o (A_o - T'_o) (lower_max[r]), every o whose U_o = A_o + T'_o is below L has y_o below the row's
@@ -23,7 +27,7 @@
    with their count in cand_n [thread][row]; the caller keeps those with U_o >= L. Which rows those are may
    differ by ISA or thread count; the argmax found from them with the exact kernel's logits does not.
 
-   Returns 0; -1 for a kind other than Q8_0 / Q8_0S or a shape it does not take; -2 where x holds a value that
+   Returns 0; -1 for a kind other than Q8_0 / Q8_0S / Q6_K or a shape it does not take; -2 where x holds a value that
    is not finite, -3 where a thread's list for a row outgrew ``cap`` (the caller then computes every logit). */
 #pragma once
 #include <math.h>
@@ -107,8 +111,8 @@ static inline __attribute__((always_inline)) void hb_keep(const hb_rows *p, int 
 static int hb_run(int kind, const float *x, int64_t n, int64_t inner, const uint8_t *w, int64_t ldw, int64_t out,
                   const float *l1, int64_t cap, int32_t *cand_o, float *cand_u, int64_t *cand_n, float *lower_max,
                   int threads) {
-    if ((kind != TQ_Q8_0 && kind != TQ_Q8_0S) || n < 1 || n > HB_MAX_ROWS || inner % QK || out < 1 || cap < 1
-        || out > INT32_MAX) return -1;
+    if ((kind != TQ_Q8_0 && kind != TQ_Q8_0S && kind != TQ_Q6_K) || n < 1 || n > HB_MAX_ROWS
+        || inner % tq_block_weights(kind) || out < 1 || cap < 1 || out > INT32_MAX) return -1;
     hb_rows p;
     p.xq = malloc(sizeof(int16_t) * (size_t)(n * inner));
     if (!p.xq) return -1;
