@@ -64,6 +64,7 @@ class GreedyHead:
         self._kernels = self.blocks._kernels
         self.vocab, self.inner = self.blocks.out, self.blocks.inner
         self.l1 = row_l1(self.blocks)                        # [vocab] sum |w|, rounded up
+        self._buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # rows of h -> (candidates, counts)
         self.candidates = 0                                 # rows computed exactly, summed over calls (a figure)
         self.rows = 0
 
@@ -72,50 +73,44 @@ class GreedyHead:
         where the bound pass does not apply (a value not finite, or too many rows kept: then every logit)."""
         n = h.shape[0]
         h = h.contiguous()
-        threads = max(1, min(64, torch.get_num_threads()))
-        cand_o = np.empty((threads, n, CAP), dtype=np.int32)
-        cand_u = np.empty((threads, n, CAP), dtype=np.float32)
-        count = np.zeros((threads, n), dtype=np.int64)
-        low = np.empty(n, dtype=np.float32)
+        if n not in self._buffers:                          # kept: a call allocates nothing
+            self._buffers[n] = (np.empty((n, CAP), dtype=np.int64), np.empty(n, dtype=np.int64))
+        cand, count = self._buffers[n]
         rc = self._kernels.head_bound(self._kind, h.data_ptr(), n, self.inner, self._array.ctypes.data,
                                       self._array.strides[0], self.vocab, self.l1.ctypes.data, CAP,
-                                      cand_o.ctypes.data, cand_u.ctypes.data, count.ctypes.data, low.ctypes.data,
-                                      threads)
+                                      cand.ctypes.data, count.ctypes.data, max(1, min(64, torch.get_num_threads())))
         if rc in (-2, -3):
             return None
         if rc:
             raise RuntimeError(f"the head's bound kernel refused {self.blocks!r} (rc {rc})")
-        out = []
-        for r in range(n):
-            ids = np.concatenate([cand_o[t, r, :count[t, r]][cand_u[t, r, :count[t, r]] >= low[r]]
-                                  for t in range(threads)])
-            out.append(np.sort(ids).astype(np.int64))
-        return out
+        return [cand[r, :count[r]] for r in range(n)]
 
-    def exact(self, h_row: torch.Tensor, ids: np.ndarray) -> torch.Tensor:
-        """The exact logits of rows ``ids`` for one row of h [inner]: the full head's kernel on those rows' blocks."""
+    def exact(self, h: torch.Tensor, ids: np.ndarray) -> torch.Tensor:
+        """The exact logits of rows ``ids`` for every row of h [n, inner]: [n, len(ids)], the full head's kernel on
+        those rows' blocks (a row's result does not depend on which other rows a call computes: exact rows)."""
         rows = np.ascontiguousarray(self._array[ids])
-        y = torch.empty(1, len(ids))
-        x = h_row.reshape(1, -1).contiguous()
-        rc = self.blocks._gemm(self._kind, x.data_ptr(), 1, self.inner, rows.ctypes.data, rows.strides[0], len(ids),
-                               None, y.data_ptr(), y.stride(0), 1)
+        y = torch.empty(h.shape[0], len(ids))
+        rc = self.blocks._gemm(self._kind, h.data_ptr(), h.shape[0], self.inner, rows.ctypes.data, rows.strides[0],
+                               len(ids), None, y.data_ptr(), y.stride(0), 1)
         if rc:
             raise RuntimeError(f"the {self.blocks.isa} GEMM refused {self.blocks!r}")
-        return y[0]
+        return y
 
     def logits_into(self, h: torch.Tensor, out: torch.Tensor) -> bool:
         """out [n, vocab] = rows whose argmax is the exact head's for h [n, inner]; False (out untouched) where
         it does not apply to these rows (too many, a value not finite, too many candidates): the caller then
-        computes the full head."""
+        computes the full head. Every row gets the exact logits of every row's candidates (one call; each is
+        that row's exact logit too) and -inf elsewhere."""
         n = h.shape[0]
         if n > MAX_ROWS or n < 1:
             return False
+        h = h.contiguous()
         ids = self.candidates_of(h)
         if ids is None:
             return False
+        union = ids[0] if n == 1 else np.unique(np.concatenate(ids))
         out.fill_(float("-inf"))
-        for r in range(n):
-            out[r, torch.from_numpy(ids[r])] = self.exact(h[r], ids[r])
-            self.candidates += len(ids[r])
+        out[:, torch.from_numpy(union)] = self.exact(h, union)
+        self.candidates += len(union)
         self.rows += n
         return True

@@ -192,7 +192,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     for which in HEAD_BOUND_ISAS:
         if which in built_isas():
             f = getattr(lib, f"tq_head_bound_{which}")
-            f.argtypes, f.restype = [cint, ptr, i64, i64, ptr, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, cint], cint
+            f.argtypes, f.restype = [cint, ptr, i64, i64, ptr, i64, i64, ptr, i64, ptr, ptr, cint], cint
 
 
 @functools.cache

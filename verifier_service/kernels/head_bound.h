@@ -23,9 +23,9 @@
    With L = max_o (A_o - T'_o) (lower_max[r]), every o whose U_o = A_o + T'_o is below L has y_o below the row's
    largest logit, so the argmax (and every tie for it) is among {o : U_o >= L}. Each thread keeps, per row of x,
    the o whose U_o reaches the largest A - T' it has seen so far (its own running L, never above the final
-   one): a superset of those, a few dozen rows, written as (o, U_o) to cand_o / cand_u [thread][row][cap]
-   with their count in cand_n [thread][row]; the caller keeps those with U_o >= L. Which rows those are may
-   differ by ISA or thread count; the argmax found from them with the exact kernel's logits does not.
+   one): a superset of those, a few dozen rows; at the end the ones with U_o >= L are written, ascending, to
+   cand [row][cap] with their count in count [row]. Which rows those are may differ by ISA or thread count;
+   the argmax found from them with the exact kernel's logits does not.
 
    Returns 0; -1 for a kind other than Q8_0 / Q8_0S / Q6_K or a shape it does not take; -2 where x holds a value that
    is not finite, -3 where a thread's list for a row outgrew ``cap`` (the caller then computes every logit). */
@@ -109,17 +109,18 @@ static inline __attribute__((always_inline)) void hb_keep(const hb_rows *p, int 
 }
 
 static int hb_run(int kind, const float *x, int64_t n, int64_t inner, const uint8_t *w, int64_t ldw, int64_t out,
-                  const float *l1, int64_t cap, int32_t *cand_o, float *cand_u, int64_t *cand_n, float *lower_max,
-                  int threads) {
+                  const float *l1, int64_t cap, int64_t *cand, int64_t *count, int threads) {
     if ((kind != TQ_Q8_0 && kind != TQ_Q8_0S && kind != TQ_Q6_K) || n < 1 || n > HB_MAX_ROWS
         || inner % tq_block_weights(kind) || out < 1 || cap < 1 || out > INT32_MAX) return -1;
+    if (threads < 1) threads = 1;
+    if (threads > 64) threads = 64;
     hb_rows p;
     p.xq = malloc(sizeof(int16_t) * (size_t)(n * inner));
-    if (!p.xq) return -1;
-    int rc = hb_prepare(x, n, inner, &p);
+    int32_t *cand_o = malloc(sizeof(int32_t) * (size_t)(threads * n * cap));   /* each thread's lists */
+    float *cand_u = malloc(sizeof(float) * (size_t)(threads * n * cap));
+    int64_t *cand_n = calloc((size_t)(threads * n), sizeof(int64_t));
+    int rc = p.xq && cand_o && cand_u && cand_n ? hb_prepare(x, n, inner, &p) : -1;
     if (rc == 0) {
-        if (threads < 1) threads = 1;
-        if (threads > 64) threads = 64;
         float lows[64][HB_MAX_ROWS];
         int over = 0, used = 0;
 #pragma omp parallel num_threads(threads) reduction(|:over)
@@ -137,13 +138,21 @@ static int hb_run(int kind, const float *x, int64_t n, int64_t inner, const uint
             for (int64_t r = 0; r < n; r++) lows[t][r] = c.low[r];
             over |= c.overflow;
         }
-        for (int64_t r = 0; r < n; r++) {
+        for (int64_t r = 0; r < n && !over; r++) {     /* L, then the lists' entries that reach it, in order */
             float m = -INFINITY;
             for (int t = 0; t < used; t++) m = lows[t][r] > m ? lows[t][r] : m;
-            lower_max[r] = m;
+            int64_t k = 0;
+            for (int t = 0; t < used; t++)
+                for (int64_t i = 0; i < cand_n[t * n + r]; i++) {
+                    const int64_t at = (t * n + r) * cap + i;
+                    if (cand_u[at] < m) continue;
+                    if (k == cap) { over = 1; break; }
+                    cand[r * cap + k++] = cand_o[at];
+                }
+            count[r] = k;
         }
         if (over) rc = -3;
     }
-    free(p.xq);
+    free(p.xq); free(cand_o); free(cand_u); free(cand_n);
     return rc;
 }

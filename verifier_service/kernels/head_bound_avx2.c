@@ -110,7 +110,6 @@ static void hb_range(int kind, const uint8_t *w, int64_t ldw, int64_t o0, int64_
 }
 
 int tq_head_bound_avx2(int kind, const float *x, int64_t n, int64_t inner, const uint8_t *w, int64_t ldw,
-                       int64_t out, const float *l1, int64_t cap, int32_t *cand_o, float *cand_u, int64_t *cand_n,
-                       float *lower_max, int threads) {
-    return hb_run(kind, x, n, inner, w, ldw, out, l1, cap, cand_o, cand_u, cand_n, lower_max, threads);
+                       int64_t out, const float *l1, int64_t cap, int64_t *cand, int64_t *count, int threads) {
+    return hb_run(kind, x, n, inner, w, ldw, out, l1, cap, cand, count, threads);
 }
