@@ -11,8 +11,8 @@ dec = t.decoder
 gh = GreedyHead(dec.weights.head)
 H = []
 orig = type(dec)._head
-def hooked(self, h):
-    H.append(h.detach().clone()); return orig(self, h)
+def hooked(self, h, *a):
+    H.append(h.detach().clone()); return orig(self, h, *a)
 type(dec)._head = hooked
 ids = t.tokenizer("The quick brown fox jumps over the lazy dog. Once upon a time, in a land far away,")["input_ids"]
 def gen():
