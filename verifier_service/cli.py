@@ -78,6 +78,11 @@ def model_flags(p) -> None:
          "it competes with the gateway for them; a round with drafts then pays two forwards, so auto speculation "
          "drafts little. 'auto': on when --threads leaves a CPU of this process free; 'off' (default): every "
          "block's rows in its own forward")
+    flag(p, "greedy-head", "auto", help="greedy sessions' rows of logits: each row's argmax from a bound pass over "
+         "the head (h rounded to 16 bits, integer dot products, a proven bound on every logit) and the few rows "
+         "that can still win computed exactly, the rest -inf: the same token, bit for bit, at a fraction of a big "
+         "head's cost (a Q8_0 or Q6_K head, fp32 activations). 'auto': at the widths where it measured faster "
+         "than the whole head at start-up; 'on': at every width up to 8; 'off': the whole head always")
     flag(p, "omp-spincount", DEFAULT_SPINCOUNT, int, help="how long an idle OpenMP worker busy-waits for the next "
          "parallel region before it sleeps (GOMP_SPINCOUNT, iterations; a forward runs ~250 regions a few us apart). "
          "Short by default: after a forward the workers leave the cores at once to the gRPC threads, the gateway "
@@ -171,7 +176,7 @@ async def load_target(args):
                                      rowwise_attention=None if args.exact_rows == "on" else False,
                                      max_batch_rows=args.max_batch_rows, batch_wait_ms=args.batch_wait_ms,
                                      ahead_rows=ahead, mix_rows=args.prefill_mix_rows,
-                                     prefix_cache_mb=args.prefix_cache_mb)
+                                     prefix_cache_mb=args.prefix_cache_mb, greedy_head=args.greedy_head)
     if ahead and not target.ahead_rows:
         ahead_why = "off (this path's rows are not exact)"
     print(f"[tandem] verifier: {target.startup_line()}; pending rows ahead {ahead_why}; ms per forward width "

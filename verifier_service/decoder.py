@@ -304,6 +304,14 @@ class Decoder:
             head.matmul_into(h, logits)
         return logits
 
+    def use_greedy_head(self, on: bool) -> frozenset[int]:
+        """The greedy head at every width up to its limit (``on``) or at none (``--greedy-head on|off``)."""
+        if self.greedy_head is not None:
+            self.greedy_widths = frozenset(range(1, greedy_head.MAX_ROWS + 1)) if on else frozenset()
+            self.greedy_note = ("argmax-only rows at widths 1-8 (--greedy-head on)" if on
+                                else "off (--greedy-head off)")
+        return self.greedy_widths
+
     def measure_greedy_head(self, widths: Sequence[int] = (1, 2, 4, 8), repeats: int = 7,
                             margin: float = 0.95) -> frozenset[int]:
         """Times the greedy head (``verifier_service.greedy_head``) against the full head at each width (rows of

@@ -33,6 +33,9 @@ class VerifierMetrics(ServiceMetrics):
             target.scheduler.add_listener(self.forward)
         if target is not None and getattr(target, "prefix_cache", None) is not None:
             self.registry.register(PrefixCacheCollector(target.prefix_cache))
+        greedy = getattr(getattr(target, "decoder", None), "greedy_head", None)
+        if greedy is not None:
+            self.registry.register(GreedyHeadCollector(greedy))
 
     def verified(self, proposed: int, outcome: VerifyOutcome) -> None:
         self.spec.observe(proposed, outcome.accepted)
@@ -64,3 +67,18 @@ class PrefixCacheCollector:
         yield CounterMetricFamily("tandem:prefix_cache_hits", "Sessions that took a prefix from the cache.",
                                   value=c.hits)
         yield GaugeMetricFamily("tandem:prefix_cache_bytes", "Bytes of K/V the prefix cache holds.", value=c.nbytes)
+
+
+class GreedyHeadCollector:
+    """The greedy head's figures (``verifier_service.greedy_head``), read at scrape time: how many rows of logits
+    took the bound pass, and how many head rows it left to compute exactly (their ratio: what a row cost)."""
+
+    def __init__(self, head):
+        self.head = head
+
+    def collect(self):
+        yield CounterMetricFamily("tandem:greedy_head_rows", "Rows of logits of greedy sessions whose argmax came "
+                                  "from the head's bound pass and its candidates, not the whole head.",
+                                  value=self.head.rows)
+        yield CounterMetricFamily("tandem:greedy_head_candidates", "Head rows those needed computed exactly (the "
+                                  "rest could not hold the argmax).", value=self.head.candidates)

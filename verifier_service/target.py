@@ -79,7 +79,7 @@ class Target(TargetModel):
                  max_block: int = 32, decoder: str = "auto", fallback_reason: str = "",
                  phases: dict[str, float] | None = None, max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
                  batch_wait_ms: float = -1.0, ahead_rows: bool = False, mix_rows: int = -1,
-                 prefix_cache_mb: float = PREFIX_CACHE_MB):
+                 prefix_cache_mb: float = PREFIX_CACHE_MB, greedy_head: str = "auto"):
         """``model``: a ``gguf_model.GgufModel`` (the GGUF fast path: the decoder on the file's blocks) or a
         transformers model. ``gemm`` (fp32 weights only): "auto" (measure MKL and oneDNN per width at
         start-up, keep the faster), "onednn", or "mkl" (plain transformers); "gguf" is accepted for a GGUF
@@ -100,7 +100,11 @@ class Target(TargetModel):
         in their verify forwards, up to this many rows a forward (0: in chunks of its own; < 0: MIX_ROWS where
         a prompt's rows are computed the same in any forward, see ``mixes_prefill``). ``prefix_cache_mb``: the
         K/V of ended sessions kept, up to this many MiB, for prompts that begin with their tokens
-        (``verifier_service.prefix_cache``; only where ``caches_prefixes``; 0: off)."""
+        (``verifier_service.prefix_cache``; only where ``caches_prefixes``; 0: off). ``greedy_head``: greedy
+        sessions' rows from the head's bound pass (``verifier_service.greedy_head``) at the widths where it
+        measured faster at start ('auto', with ``warmup``), at every width ('on') or never ('off')."""
+        if greedy_head not in ("auto", "on", "off"):
+            raise ValueError(f"--greedy-head is 'auto', 'on' or 'off', not {greedy_head!r}")
         t_setup = time.perf_counter()
         self._ahead_rows = bool(ahead_rows)
         super().__init__(model, tokenizer, name, gemm=gemm, widths=widths, rowwise_attention=rowwise_attention,
@@ -126,11 +130,13 @@ class Target(TargetModel):
         self.phases["packing"] = self.setup_s
         if probe_s:
             self.phases["timing prompt chunks"] = probe_s
+        if self.decoder is not None and greedy_head != "auto":
+            self.decoder.use_greedy_head(greedy_head == "on")
         t_warm = time.perf_counter()
         if warmup:
             loading.enter("measuring widths")
-            if self.decoder is not None:     # before the cost table: greedy rounds take the faster head
-                torch_thread.run(self.decoder.measure_greedy_head)
+            if self.decoder is not None and greedy_head == "auto":    # before the cost table: greedy rounds
+                torch_thread.run(self.decoder.measure_greedy_head)        # take the faster head
             self.warmup()
         self.warmup_s = time.perf_counter() - t_warm
         if warmup:
