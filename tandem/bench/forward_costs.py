@@ -9,6 +9,9 @@ prefill), the prefill itself, and whether each row of a block is bit-identical t
 token (row i of width w == row i of the widest block):
   * decoder        the verifier's path (``Target.decoder``: the C kernels on a GGUF file's blocks, or the
                    decoder over a Hugging Face model's fp32 weights);
+  * decoder, greedy rows  the decoder as a greedy session's rows run it (only each row's argmax read: the
+                   head's bound pass at the widths the verifier chose at load, ``verifier_service.greedy_head``;
+                   shown where it chose any): checked for the decoder's argmax at every width;
   * decoder-torch  the same weights with the torch op backend (the readable reference);
   * transformers   (``--reference``) transformers' forward of the same model, fp32 (a GGUF file
                    dequantized whole): the max |logit| difference against it is reported too.
@@ -128,6 +131,9 @@ def _measure(args) -> int:
     runs = {}
     if decoder is not None:
         runs["decoder"] = Run(decoder.new_cache, lambda c, ids, last=False: decoder.forward(c, ids, last))
+        if decoder.greedy_widths:             # what a greedy session's rows cost (verifier_service.greedy_head)
+            runs["decoder, greedy rows"] = Run(decoder.new_cache,
+                                               lambda c, ids, last=False: decoder.forward(c, ids, last, True))
         if target.gguf is not None:
             reference_decoder = target.gguf.decoder(native_ops=False, widths=widths)
         else:
@@ -202,7 +208,12 @@ def _measure(args) -> int:
         print(f"| {w} | {floor_ms:.1f} | " + " | ".join(cell(fwd[(c, w)]) for c in configs) + " |")
     print()
     top = widths[-1]
-    bitwise = {c: all(torch.equal(logits[(c, w)], logits[(c, top)][:w]) for w in widths) for c in configs}
+    bitwise = {c: all(torch.equal(logits[(c, w)], logits[(c, top)][:w]) for w in widths) for c in configs
+               if c != "decoder, greedy rows"}
+    if "decoder, greedy rows" in runs:          # its rows hold -inf where a logit cannot win: compare the argmax
+        bitwise["decoder, greedy rows (argmax)"] = all(
+            torch.equal(logits[("decoder, greedy rows", w)].argmax(-1), logits[("decoder", w)].argmax(-1))
+            for w in widths)
     if "transformers" in runs and len(configs) > 1:
         diffs = {c: max(float((logits[(c, w)] - logits[("transformers", w)]).abs().max()) for w in widths)
                  for c in configs if c != "transformers"}
