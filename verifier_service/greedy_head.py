@@ -4,12 +4,12 @@ its cost.
 A greedy round reads only the argmax of each row of logits (``acceptance.accept_greedy``), yet the head is the
 widest weight of a small model and the largest of all with a big vocabulary: Gemma 3 270M's is 262 144 x 640
 (178 MB of Q8_0, more than its 18 layers together), read at every step with fp32 activations. Here each row
-of h first goes through a cheap pass (``kernels/head_bound.h``): h rounded to 8 bits a block, integer dot
-products with the Q8_0 rows, and for every logit a proven bound on its distance from the exact fp32 logit the
-verifier's kernels compute. Only the rows whose bound reaches the best lower bound can hold the argmax (a
-median of 2 of Gemma's 262 144 on real hidden states, BENCHMARKS.md, thirty-second session); those are then
-computed by the same exact kernel as the full head, on a copy of just their blocks, and every other logit of
-the row is set to -inf.
+of h first goes through a cheap pass (``kernels/head_bound.h``): h rounded to 16 bits, integer dot products
+with the head's rows as stored, and for every logit a proven bound on its distance from the exact fp32 logit
+the verifier's kernels compute. Only the rows whose upper bound reaches the best lower bound can hold the
+argmax (a median of 1 of Gemma's 262 144 on real hidden states, at most 2: BENCHMARKS.md, thirty-second
+session); those are then computed by the same exact kernel as the full head, on a copy of just their blocks,
+and every other logit of the row is set to -inf.
 
 So the row returned has the exact logit wherever it could be the largest and -inf elsewhere: its argmax, and
 the first index among ties, is the full row's, bit for bit (the exact kernel's row result does not depend on
@@ -53,19 +53,19 @@ def row_l1(blocks: QuantWeight, step: int = 8192) -> np.ndarray:
 
 
 class GreedyHead:
-    """``logits(h)``: rows [n, vocab] whose argmax is the exact head's (see the module docstring)."""
+    """``logits_into(h, out)``: rows [n, vocab] whose argmax is the exact head's (see the module docstring)."""
 
     def __init__(self, head):
         if not applies(head):
-            raise ValueError(f"the greedy head takes a Q8_0 head with fp32 activations, not {head!r}")
+            raise ValueError(f"the greedy head takes a Q8_0 or Q6_K head with fp32 activations, not {head!r}")
         self.blocks: QuantWeight = head.blocks
         self._array = self.blocks.scaled if self.blocks.scaled is not None else self.blocks.raw
-        self._kind = self.blocks._type                      # Q8_0 or its scaled form
+        self._kind = self.blocks._type                      # Q8_0 (or its fp32-scale form) or Q6_K
         self._kernels = self.blocks._kernels
         self.vocab, self.inner = self.blocks.out, self.blocks.inner
         self.l1 = row_l1(self.blocks)                        # [vocab] sum |w|, rounded up
         self._buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # rows of h -> (candidates, counts)
-        self.candidates = 0                                 # rows computed exactly, summed over calls (a figure)
+        self.candidates = 0                                 # head rows computed exactly, summed over calls
         self.rows = 0
 
     def candidates_of(self, h: torch.Tensor) -> list[np.ndarray] | None:

@@ -7,7 +7,7 @@
    xq = round(x / dx)) and, with integer dot products over each run of weights that shares a scale s_ob
    (Q8_0: d of a 32-weight block; Q6_K: d * sc of a 16-weight sub-block),
 
-     A_o = dx * sum_b s_ob * sum_j q_obj xq_bj          (each run's integer sum exact, below 2^24)
+     A_o = dx * sum_b s_ob * sum_j q_obj xq_bj          (each run's sum exact in int32: at most 2^27)
      T_o = C * L1_o,   C = e + 2 (inner + 64) 2^-24 (m + e),   L1_o = sum_j |w_oj| (``l1``, rounded up)
 
    with e = max_j |x_j - dx xq_j| (computed in double: exact). For the fp32 logit y_o the exact kernels compute
