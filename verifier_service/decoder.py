@@ -168,7 +168,8 @@ class Decoder:
         # widths where measure_greedy_head found it faster than the full head
         self.greedy_head = greedy_head.GreedyHead(weights.head) if greedy_head.applies(weights.head) else None
         self.greedy_widths: frozenset[int] = frozenset()
-        self.greedy_note = "off (not a Q8_0 head with fp32 activations)" if self.greedy_head is None else "not measured"
+        self.greedy_note = ("off (not a Q8_0 or Q6_K head with fp32 activations)" if self.greedy_head is None
+                            else "not measured")
         self.native_layers, self.native_layers_note = None, "off (native_layers=False)"
         if native_layers:
             self.native_layers, self.native_layers_note = NativeLayers.build(spec, weights, ops, self.rope)

@@ -169,3 +169,24 @@ def test_speculative_greedy_through_target_equals_plain(tiny_q8):
         out += guess[:outcome.accepted] + [outcome.next_token]
     assert out[:20] == reference
     assert fast.decoder.greedy_head.rows > 0
+
+
+def test_sampled_sessions_keep_the_whole_head(tiny_q8):
+    """A sampled (or seeded) session reads the distribution: its rows never take the bound pass, even with the
+    greedy head on at every width; a greedy session's do."""
+    from tiny_models import make_tokenizer
+    from verifier_service.gguf_model import GgufModel
+    from verifier_service.target import Target
+
+    target = Target(GgufModel(tiny_q8), make_tokenizer(2048), "q8", widths=(1, 2, 4), warmup=False, greedy_head="on")
+    greedy = target.decoder.greedy_head
+    prompt = [5, 9, 200, 31, 7, 1500, 64]
+    for sampling in (SamplingParams(temperature=0.8, seed=3), SamplingParams(temperature=0.8)):
+        target.start("s", prompt, sampling)
+        for _ in range(4):          # a copied token: q a point mass
+            target.verify("s", [DraftToken(11, support_ids=(11,), support_probs=(1.0,), from_lookup=True)])
+        target.end("s")
+    assert greedy.rows == 0
+    target.start("g", prompt, SamplingParams())
+    target.verify("g", [DraftToken(11)])
+    assert greedy.rows > 0
