@@ -309,7 +309,7 @@ class Decoder:
         """The greedy head at every width up to its limit (``on``) or at none (``--greedy-head on|off``)."""
         if self.greedy_head is not None:
             self.greedy_widths = frozenset(range(1, greedy_head.MAX_ROWS + 1)) if on else frozenset()
-            self.greedy_note = ("argmax-only rows at widths 1-8 (--greedy-head on)" if on
+            self.greedy_note = (f"argmax-only rows at widths 1-{greedy_head.MAX_ROWS} (--greedy-head on)" if on
                                 else "off (--greedy-head off)")
         return self.greedy_widths
 

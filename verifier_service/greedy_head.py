@@ -23,6 +23,8 @@ finite falls back to the full head.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -63,10 +65,15 @@ class GreedyHead:
         self._kind = self.blocks._type                      # Q8_0 (or its fp32-scale form) or Q6_K
         self._kernels = self.blocks._kernels
         self.vocab, self.inner = self.blocks.out, self.blocks.inner
-        self.l1 = row_l1(self.blocks)                        # [vocab] sum |w|, rounded up
         self._buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # rows of h -> (candidates, counts)
         self.candidates = 0                                 # head rows computed exactly, summed over calls
         self.rows = 0
+
+    @functools.cached_property
+    def l1(self) -> np.ndarray:
+        """[vocab] sum |w| of each head row, rounded up: made on first use (a second on a 128 k x 3 072 head),
+        so a verifier with the greedy head off, or a reference decoder beside it, never pays for it."""
+        return row_l1(self.blocks)
 
     def candidates_of(self, h: torch.Tensor) -> list[np.ndarray] | None:
         """For h [n, inner] (n <= MAX_ROWS): per row, the head rows that can hold its argmax (ascending), or None

@@ -1,6 +1,6 @@
 /* The head's logits to within a proven bound, cheaply: the candidates for a row's argmax (verifier_service/
-   greedy_head.py). Shared by head_bound_generic.c and head_bound_avx2.c, which define the inner loop hb_row
-   (one weight row against the prepared rows of x) and name the entry point.
+   greedy_head.py). Shared by head_bound_generic.c and head_bound_avx2.c, which define the loop hb_range (a
+   thread's weight rows against the prepared rows of x) and name the entry point.
 
    For a Q8_0 head (w = d * q: an 11-bit by 8-bit product, exact) or a Q6_K one (w = (d * sc) * (q - 32),
    rounded once) and a row x of fp32 activations, x is rounded to 16 bits (dx = m / 32767, m = max_j |x_j|;
@@ -20,7 +20,7 @@
      one more 2^-24 (m + e) L1_o), all within the 2 (inner + 64) 2^-24 (m + e) L1_o of C.
    The rounding of T_o itself and of A_o +- T_o is covered by widening: T'_o = T_o (1 + 2^-10) + |A_o| 2^-20.
 
-   With L = max_o (A_o - T'_o) (lower_max[r]), every o whose U_o = A_o + T'_o is below L has y_o below the row's
+   With L = max_o (A_o - T'_o), every o whose U_o = A_o + T'_o is below L has y_o below the row's
    largest logit, so the argmax (and every tie for it) is among {o : U_o >= L}. Each thread keeps, per row of x,
    the o whose U_o reaches the largest A - T' it has seen so far (its own running L, never above the final
    one): a superset of those, a few dozen rows; at the end the ones with U_o >= L are written, ascending, to

@@ -9,13 +9,7 @@
 
 #include "gemm_shared_avx2.h"    /* q6_k_chunk, half */
 #include "head_bound.h"
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "simd_avx2.h"           /* v_hsum */
 
 /* Independent accumulators a row keeps (by block, added at the end): an FMA's latency is several cycles, and one
    chain a row would leave a pass over one or two rows waiting on it. */
@@ -82,7 +76,7 @@ static inline __attribute__((always_inline)) void rows_n(int N, int kind, const 
     for (int r = 0; r < N; r++) {
         __m256 t = a[r][0];
         for (int k = 1; k < K; k++) t = _mm256_add_ps(t, a[r][k]);
-        A[r] = hsum8(t);
+        A[r] = v_hsum(t);
     }
 }
 
