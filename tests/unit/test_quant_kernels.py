@@ -33,7 +33,8 @@ from verifier_service.quant import INT8_KINDS, KINDS, SCALED_KINDS, X8_KINDS, Op
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"C kernels unavailable: {native.unavailable_reason()}")
 
 OUT, INNER = 40, 512          # 40 output rows: not a multiple of the row or thread blocking; 2 K-quant super-blocks
-LONG_OUT, LONG_INNER = 37, 1280   # past TWO_COLUMN_MIN_INNER (1 024): the two-column passes; 5 super-blocks
+LONG_OUT, LONG_INNER = 37, 2304   # past TWO_COLUMN_MIN_INNER (1 024): the two-column passes; 9 super-blocks, and
+                                  # past HALF_MIN_INNER (2 048): the K-quants' half passes from 8 rows
 U = 2.0 ** -24
 
 
@@ -215,8 +216,9 @@ def test_rows_do_not_depend_on_width_or_threads(gguf_weights, kind, which):
 @pytest.mark.parametrize("which", ISAS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_long_rows_two_columns_a_pass_keep_every_rows_bits(long_gguf_weights, kind, which):
-    """Rows of 1 280 weights: from two rows of x up, a path may compute two columns a pass (AVX-512); every
-    row must keep the bits of the same row alone (one column a pass), at any width and thread count."""
+    """Rows of 2 304 weights: from two rows of x up, a path may compute two columns a pass, and a K-quant from
+    eight rows up two columns in two half passes (AVX-512); every row must keep the bits of the same row alone
+    (one column a pass), at any width and thread count."""
     raw, ref = long_gguf_weights[kind]
     w = QuantWeight(kind, raw, LONG_OUT, LONG_INNER, isa=which)
     x = torch.randn(33, LONG_INNER, generator=torch.Generator().manual_seed(5))

@@ -14,7 +14,9 @@
 
    Long rows (gemm_dispatch.h: TWO_COLUMNS) from two rows of x up: two columns a pass over up to 4 rows
    (rows_times_two_rows), each chunk of x loaded once for both, where 8 rows of x would no longer fit L1.
-   Each (row, column) chain is the one-column pass's, FMA for FMA. */
+   Each (row, column) chain is the one-column pass's, FMA for FMA. The K-quants, whose chunks cost more to
+   rebuild, take two columns from 8 rows of x over rows of 2 048 weights or more, in two passes of half of
+   every chunk each (rows_times_two_rows_halves): 8 rows of x then fit L1 again. */
 #include <immintrin.h>
 
 #include "gemm_shared_avx2.h"
@@ -234,6 +236,55 @@ static inline __attribute__((always_inline)) void rows_times_two_rows(int kind, 
     }
 }
 #define TWO_COLUMNS 1
+
+/* One half of every chunk (h = 0: elements 0-15, h = 1: 16-31) of columns o and o + 1 (weight rows row and
+   row + ldw) times rows r0.. of x (N <= ROWS), into acc[column][row]: exactly rows_times_row's lo (h = 0) or hi
+   (h = 1) chains, FMA for FMA. A pass reads half of each chunk of x, so 8 rows of a long row stay in L1, and
+   each half chunk of x loaded serves both columns. */
+static inline __attribute__((always_inline)) void half_pass(int kind, int N, int h, const float *x, int64_t inner,
+                                                            const uint8_t *row, int64_t ldw, int64_t r0,
+                                                            __m512 acc[2][ROWS]) {
+    for (int r = 0; r < N; r++) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
+    const int bb = tq_block_bytes(kind), bw = tq_block_weights(kind), cpb = chunks_per_block(kind);
+    const int64_t nb = inner / bw;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk0 = row + b * bb, *blk1 = row + ldw + b * bb;
+        tq_k4_block k40, k41;
+        if (k4_kind(kind)) {
+            tq_k4_decode(kind, blk0, &k40);
+            tq_k4_decode(kind, blk1, &k41);
+        }
+        for (int j = 0; j < cpb; j++) {
+            __m512 wl0, wh0, wl1, wh1;
+            chunk_weights(kind, blk0, j, &k40, &wl0, &wh0);   /* the half not used is dead code */
+            chunk_weights(kind, blk1, j, &k41, &wl1, &wh1);
+            const __m512 w0 = h ? wh0 : wl0, w1 = h ? wh1 : wl1;
+            const float *xc = x + r0 * inner + b * bw + j * 32 + 16 * h;
+            for (int r = 0; r < N; r++) {
+                const __m512 xv = _mm512_loadu_ps(xc + r * inner);
+                acc[0][r] = _mm512_fmadd_ps(w0, xv, acc[0][r]);
+                acc[1][r] = _mm512_fmadd_ps(w1, xv, acc[1][r]);
+            }
+        }
+    }
+}
+
+/* Columns o and o + 1 for rows r0.. of x (N <= ROWS) in two half passes (half_pass): each (row, column)'s lo
+   and hi chains are rows_times_row's, and so is their sum: the same bits. */
+static inline __attribute__((always_inline)) void rows_times_two_rows_halves(int kind, int N, const float *x,
+                                                                             int64_t inner, const uint8_t *row,
+                                                                             int64_t ldw, const float *bias,
+                                                                             float *y, int64_t ldy, int64_t r0,
+                                                                             int64_t o) {
+    __m512 lo[2][ROWS], hi[2][ROWS];
+    half_pass(kind, N, 0, x, inner, row, ldw, r0, lo);
+    half_pass(kind, N, 1, x, inner, row, ldw, r0, hi);
+    for (int r = 0; r < N; r++) {
+        y[(r0 + r) * ldy + o] = _mm512_reduce_add_ps(_mm512_add_ps(lo[0][r], hi[0][r])) + (bias ? bias[o] : 0.0f);
+        y[(r0 + r) * ldy + o + 1] = _mm512_reduce_add_ps(_mm512_add_ps(lo[1][r], hi[1][r])) + (bias ? bias[o + 1] : 0.0f);
+    }
+}
+#define HALF_COLUMNS 1
 
 #define TQ_GEMM_NAME tq_gemm_avx512
 #define TQ_GEMM_PARTS_NAME tq_gemm_parts_avx512

@@ -109,6 +109,55 @@ static const pair_fn *pairs_of(int kind) {
 }
 #endif
 
+#ifdef HALF_COLUMNS
+#ifndef HALF_MIN_INNER
+#define HALF_MIN_INNER 2048       /* 8 rows of x: 64 KB, twice L1 */
+#endif
+/* The K-quants' two columns a pass, half of every chunk a pass (rows_times_two_rows_halves, an ISA that
+   defines HALF_COLUMNS), from ROWS rows of x over long rows: those rows are then read half their length a
+   pass, which stays in L1, and each half chunk loaded serves two columns. The same bits as a one-column pass.
+   1 thread, 8 rows over 2 048 weights: Q6_K 46 -> 64 GFLOP/s, Q4_K 45 -> 50; shorter rows or fewer rows of x
+   lose, as the legacy kinds do against their pairs (BENCHMARKS.md, thirty-third session). */
+typedef pair_fn half_fn;
+#define HALF_FN(KIND, N)                                                                                         \
+    static __attribute__((noinline)) void half_##KIND##_##N(const float *x, int64_t inner, const uint8_t *row,    \
+                                                           int64_t ldw, const float *bias, float *y, int64_t ldy, \
+                                                           int64_t r0, int64_t o) {                               \
+        rows_times_two_rows_halves(KIND, N, x, inner, row, ldw, bias, y, ldy, r0, o);                            \
+    }
+#if ROWS == 8
+#define HALF_FNS(KIND) HALF_FN(KIND, 1) HALF_FN(KIND, 2) HALF_FN(KIND, 3) HALF_FN(KIND, 4) \
+                       HALF_FN(KIND, 5) HALF_FN(KIND, 6) HALF_FN(KIND, 7) HALF_FN(KIND, 8)
+#define HALF_TABLE(KIND) {half_##KIND##_1, half_##KIND##_2, half_##KIND##_3, half_##KIND##_4, \
+                          half_##KIND##_5, half_##KIND##_6, half_##KIND##_7, half_##KIND##_8}
+#elif ROWS == 4
+#define HALF_FNS(KIND) HALF_FN(KIND, 1) HALF_FN(KIND, 2) HALF_FN(KIND, 3) HALF_FN(KIND, 4)
+#define HALF_TABLE(KIND) {half_##KIND##_1, half_##KIND##_2, half_##KIND##_3, half_##KIND##_4}
+#elif ROWS == 3
+#define HALF_FNS(KIND) HALF_FN(KIND, 1) HALF_FN(KIND, 2) HALF_FN(KIND, 3)
+#define HALF_TABLE(KIND) {half_##KIND##_1, half_##KIND##_2, half_##KIND##_3}
+#else
+#define HALF_FNS(KIND) HALF_FN(KIND, 1) HALF_FN(KIND, 2)
+#define HALF_TABLE(KIND) {half_##KIND##_1, half_##KIND##_2}
+#endif
+
+#define TQ_HALF_KINDS(X) X(TQ_Q4_K) X(TQ_Q5_K) X(TQ_Q6_K)
+TQ_HALF_KINDS(HALF_FNS)
+
+#define HALF_CASE(KIND)                                        \
+    case KIND: {                                               \
+        static const half_fn table[] = HALF_TABLE(KIND);       \
+        return table;                                          \
+    }
+
+static const half_fn *halves_of(int kind) {
+    switch (kind) {
+    TQ_HALF_KINDS(HALF_CASE)
+    default: return 0;
+    }
+}
+#endif
+
 int TQ_GEMM_NAME(TQ_GEMM_ARGS) {
     const rows_fn *fns = rows_of(kind);
     if (!fns || !tq_gemm_shape_ok(kind, inner)) return -1;
@@ -119,7 +168,10 @@ int TQ_GEMM_NAME(TQ_GEMM_ARGS) {
        at 7 and 8 pairs win: BENCHMARKS.md, thirtieth session). The same bits either way. */
     const int paired_n = n != PAIR_ROWS + 1;
     const pair_fn *pairs = n >= 2 && paired_n && inner >= TWO_COLUMN_MIN_INNER ? pairs_of(kind) : 0;
-    const int rows = pairs ? PAIR_ROWS : ROWS;
+    int rows = pairs ? PAIR_ROWS : ROWS;
+#ifdef HALF_COLUMNS
+    if (!pairs && n >= ROWS && inner >= HALF_MIN_INNER && (pairs = halves_of(kind))) rows = ROWS;
+#endif
 #else
     const int rows = ROWS;
 #endif
