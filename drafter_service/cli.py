@@ -19,9 +19,14 @@ def configure(p) -> None:
          "(llama.cpp's; about half the target's one-token step, its greedy token the target's at ~98 %% of "
          "positions) or fp32 (the target's own: every greedy token the target's, at the target's cost)")
     flag(p, "drafter-guesses", 1, int, help="a .gguf drafter feeds, beside each token it drafts, this many tokens "
-         "guessed to follow it (what followed the last tokens' latest earlier occurrence): where its next token is "
+         "guessed to follow it (what followed the last tokens' latest earlier occurrence, else its habit: "
+         "--drafter-guess-seed): where its next token is "
          "the guess, that step is skipped. Same tokens, ~10-18 %% less time a drafted token on one Zen 4 core "
          "(a row beside another costs ~7 %% of a step); 0 = off")
+    flag(p, "drafter-guess-seed", "auto", help="text a .gguf drafter's guesses start from where the session's text "
+         "has none (its habits: the token it most often drafted after each one, learned from every session it "
+         "serves): JSON lines of token ids (drafter_service/suffix_store.py), comma-separated files; 'auto' = the "
+         "shipped drafter's answers to its training questions when its vocabulary is this model's; 'none'")
     flag(p, "support-size", 64, int, help="sampled drafts: q is truncated to its top-N tokens (exactly what is "
          "sampled from and sent to the verifier)")
     flag(p, "lookup-ngram", -1, int, help="prompt lookup: when the context's last n-gram (n = this .. "
@@ -64,7 +69,8 @@ def load(args):
     from tandem.defaults import resolve_drafter
 
     path = resolve_drafter(args.drafter)
-    options = {"activations": args.drafter_activations, "guesses": args.drafter_guesses} if is_gguf(path) else {}
+    options = ({"activations": args.drafter_activations, "guesses": args.drafter_guesses,
+                "guess_seed": args.drafter_guess_seed} if is_gguf(path) else {})
     return load_drafter(path, threads=args.threads, support_size=args.support_size,
                         session_ttl_s=args.session_ttl, max_sessions=args.max_sessions,
                         prefill_chunk=args.prefill_chunk, lookup_max_ngram=lookup_ngram(args.lookup_ngram, path),

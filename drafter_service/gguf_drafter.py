@@ -23,6 +23,7 @@ the ONNX kinds stay torch-free.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -31,8 +32,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from drafter_service import suffix_store
 from drafter_service.drafter import DEFAULT_MAX_SESSIONS
-from drafter_service.model_drafter import DEFAULT_PREFILL_CHUNK, DrafterMetadata, ModelDrafter, ModelState
+from drafter_service.guesses import Habits
+from drafter_service.model_drafter import (DEFAULT_PREFILL_CHUNK, METADATA_FILE, DrafterMetadata, ModelDrafter,
+                                           ModelState)
 from tandem.sessions import SessionStore
 from tandem.types import ModelInfo
 from verifier_service import quant, torch_thread
@@ -41,7 +45,38 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ACTIVATIONS = "int8"
 DEFAULT_GUESSES = 1         # tokens guessed after each drafted token (drafter_service.guesses)
+DEFAULT_GUESS_SEED = "auto"  # text the drafter's habits start from (habit_seeds)
 _load_lock = threading.Lock()     # the activation arithmetic is read from the environment while loading
+
+
+def habit_seeds(seed: str | None, vocab_hash: str) -> list[Path]:
+    """The files a .gguf drafter's habits (drafter_service.guesses.Habits) start from: 'auto' = the suffix seeds
+    (``suffix_seed.jsonl.gz``: its target's answers to training questions) of the shipped drafters whose
+    vocabulary is this model's (their drafter.json's vocab_hash); None, '' or 'none' = none; else
+    comma-separated files (drafter_service.suffix_store's format), each of which must exist."""
+    from drafter_service.factory import SEED_FILE
+    from tandem.defaults import DRAFTER_DIRS
+
+    if seed in (None, "", "none"):
+        return []
+    if seed != "auto":
+        files = [Path(p.strip()).expanduser() for p in str(seed).split(",") if p.strip()]
+        for f in files:
+            if not f.is_file():
+                raise FileNotFoundError(f"--drafter-guess-seed {f}: no such file")
+        return files
+    found = []
+    for base in DRAFTER_DIRS:
+        for meta in sorted(base.glob(f"*/{METADATA_FILE}")):
+            try:
+                same = vocab_hash and json.loads(meta.read_text()).get("vocab_hash") == vocab_hash
+            except (OSError, ValueError):
+                continue
+            if same and (meta.parent / SEED_FILE).is_file():
+                found.append(meta.parent / SEED_FILE)
+        if found:
+            return found[:1]                # the checkout's copy before the installed package data's
+    return found
 
 
 class DecoderKV:
@@ -80,10 +115,12 @@ class GgufDrafter(ModelDrafter):
     def __init__(self, model_path, *, threads: int | None = None, activations: str = DEFAULT_ACTIVATIONS,
                  support_size: int = 64, session_ttl_s: float = 600.0,
                  max_sessions: int | None = DEFAULT_MAX_SESSIONS, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 guesses: int = DEFAULT_GUESSES, providers=None):
+                 guesses: int = DEFAULT_GUESSES, guess_seed: str | None = DEFAULT_GUESS_SEED, providers=None):
         """``threads``: the forward's threads (None: torch's default); ``activations``: 'int8' (llama.cpp's
         arithmetic, the fast one) or 'fp32' (the target's default arithmetic: every greedy token the target's,
-        at the target's cost). ``providers`` is an ONNX kind's option and is ignored."""
+        at the target's cost); ``guesses``: tokens guessed beside each drafted one (drafter_service.guesses);
+        ``guess_seed``: the text its habits start from (``habit_seeds``). ``providers`` is an ONNX kind's option
+        and is ignored."""
         from verifier_service.target import Target
 
         path = Path(model_path).expanduser()
@@ -118,6 +155,11 @@ class GgufDrafter(ModelDrafter):
                                     draft_vocab=None)
         self._info = ModelInfo(self.meta.model_name, self.meta.vocab_size, self.meta.vocab_hash,
                                self.meta.max_context, self.meta.eos_token_ids, follow_path=True)
+        if self.guess_tokens:
+            self.habits = Habits()
+            for seed in habit_seeds(guess_seed, info.vocab_hash):
+                pairs = self.habits.learn_text(suffix_store.read_sequences(seed))
+                log.info("drafter habits: %d token pairs from %s", pairs, seed)
         self.support_size = int(support_size)
         self.sessions: SessionStore[ModelState] = SessionStore(session_ttl_s, max_sessions=max_sessions,
                                                             what="drafter session")

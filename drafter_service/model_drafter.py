@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from drafter_service.drafter import DEFAULT_MAX_SESSIONS, ContextDrafter, Decide, DraftState
-from drafter_service.guesses import Continuations, common_prefix
+from drafter_service.guesses import Continuations, Habits, common_prefix
 from drafter_service.kv_buffers import SHARED_KV_INPUTS, SharedKV, SharedKVGraph
 from drafter_service.sampling import coupled_draft, sample_index, top_probability, truncate_support, warp
 from tandem.sessions import SessionStore
@@ -161,6 +161,7 @@ class ModelDrafter(ContextDrafter):
     kind = "model"
     can_check = True
     guess_tokens = 0        # tokens guessed after each fed draft token (drafter_service.guesses); 0: none
+    habits: Habits | None = None    # what it drafted after each token, the guess where the text has none
 
     def __init__(self, model_path, *, threads: int | None = None, providers: list[str] | None = None,
                  support_size: int = 64, session_ttl_s: float = 600.0,
@@ -290,6 +291,8 @@ class ModelDrafter(ContextDrafter):
                 tok = (DraftToken(int(ids[choice])) if sampling.coupled      # the verifier never reads q then
                        else DraftToken(int(ids[choice]), tuple(ids.tolist()), tuple(probs.tolist())))
             tokens.append(tok)
+            if self.habits is not None:
+                self.habits.learn(tokens[-2].token_id if j else context[-1], tok.token_id)
             if j < k - 1:
                 if state.stop is not None and state.stop():
                     break                       # the caller dropped this block's path: the rest would be void
@@ -357,7 +360,10 @@ class ModelDrafter(ContextDrafter):
             return []
         if state.continuations is None:
             state.continuations = Continuations()
-        return state.continuations.guess([*state.kv_ids, token], m)
+        guesses = state.continuations.guess([*state.kv_ids, token], m)
+        if not guesses and self.habits is not None:
+            guesses = self.habits.guess(token, m)
+        return guesses
 
     def check_tokens(self, state: ModelState, context: list[int], tokens: list[int], decide: Decide) -> int:
         """One feed of context + tokens (re-feeding at least the last context token, whose logits row

@@ -149,7 +149,10 @@ def test_serve_drafter_flags_reach_a_gguf_drafter(default_file, monkeypatch):
     monkeypatch.setenv("TANDEM_DRAFTER_GUESSES", "2")
     args = build_parser(only="serve-drafter").parse_args(["serve-drafter", "--drafter", str(default_file)])
     drafter = cli.load(args)
-    assert (drafter.activations, drafter.guess_tokens) == ("int8", 2)
+    assert (drafter.activations, drafter.guess_tokens) == ("int8", 2) and len(drafter.habits) > 1000
+    monkeypatch.setenv("TANDEM_DRAFTER_GUESS_SEED", "none")
+    args = build_parser(only="serve-drafter").parse_args(["serve-drafter", "--drafter", str(default_file)])
+    assert len(cli.load(args).habits) == 0
 
 
 def test_a_guess_never_takes_a_position_past_the_drafters_context(default_file, target):
@@ -178,3 +181,37 @@ def test_a_guess_never_takes_a_position_past_the_drafters_context(default_file, 
     got = drafter.propose("edge", len(prompt), [first], 8, SamplingParams())   # shortened to 6: up to the limit
     assert len(got.tokens) == 6
     assert held and max(held) <= limit, held
+
+
+def test_habits_start_from_the_targets_text_and_learn_what_the_drafter_drafts(default_file, target):
+    """A .gguf drafter's habits (the guess where the session's own text has none) start from the shipped
+    drafter's seed text when the vocabularies match ('auto'), or empty ('none'), and learn each token it
+    drafts after the one before."""
+    from drafter_service.gguf_drafter import habit_seeds
+
+    seeded = GgufDrafter(default_file)
+    assert len(seeded.habits) > 1000
+    assert habit_seeds("auto", "sha256:another-vocabulary") == []
+    with pytest.raises(FileNotFoundError, match="--drafter-guess-seed"):
+        habit_seeds("/nonexistent/seed.jsonl.gz", target.info.vocab_hash)
+    empty = GgufDrafter(default_file, guess_seed="none")
+    assert len(empty.habits) == 0
+    prompt = prompt_ids(target, "Name three rivers of Europe and say where each one starts.")
+    path, _ = drafted_path(empty, prompt, SamplingParams(), "h")
+    pairs = list(zip([prompt[-1]] + path, path))
+    once = [(a, b) for a, b in pairs if [x for x, _ in pairs].count(a) == 1]
+    assert once and all(empty.habits.guess(a) == [b] for a, b in once)
+    assert GgufDrafter(default_file, guesses=0).habits is None
+
+
+def test_habit_guesses_draft_the_same_tokens_in_fewer_forwards(default_file, target):
+    """On text with nothing to copy from the session, the guesses come from the habits: a drafter whose
+    habits know this answer drafts the same tokens as one that never guesses, in fewer forwards than before it
+    learned them (here 32 against 42; 48 without guesses)."""
+    prompt = prompt_ids(target, "Name three rivers of Europe and say where each one starts.")
+    want, plain_forwards = drafted_path(GgufDrafter(default_file, guesses=0), prompt, SamplingParams(), "p")
+    cold = GgufDrafter(default_file, guess_seed="none")
+    first, cold_forwards = drafted_path(cold, prompt, SamplingParams(), "c")
+    again, warm_forwards = drafted_path(cold, prompt, SamplingParams(), "w")   # it learned the answer
+    assert first == want and again == want
+    assert warm_forwards <= min(0.85 * cold_forwards, cold_forwards - 5), (warm_forwards, cold_forwards, plain_forwards)

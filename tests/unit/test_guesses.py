@@ -1,9 +1,10 @@
 """Guessed rows (drafter_service.guesses): the tokens a model drafter feeds after the one it drafted, guessed
-from what followed the last tokens' most recent earlier occurrence. No torch here."""
+from what followed the last tokens' most recent earlier occurrence, else from the drafter's habits (what it
+most often drafted after the token). No torch here."""
 
 from __future__ import annotations
 
-from drafter_service.guesses import Continuations
+from drafter_service.guesses import Continuations, Habits
 
 
 def test_the_guess_is_what_followed_the_longest_most_recent_match():
@@ -53,3 +54,26 @@ def test_guesses_equal_a_scan_of_the_whole_sequence_through_growth_and_rewinds()
         seq.append(rng.randrange(6))
         m = rng.randrange(1, 4)
         assert c.guess(seq, m) == brute_force(seq, m), (step, seq)
+
+
+def test_a_habit_is_the_most_frequent_follower_and_ties_keep_the_first():
+    h = Habits()
+    assert h.guess(5) == [] and len(h) == 0
+    for a, b in [(5, 1), (5, 2), (5, 2), (5, 1)]:
+        h.learn(a, b)
+    assert h.guess(5) == [2]                    # 2 reached two first; 1's second count only ties it
+    h.learn(5, 1)
+    assert h.guess(5) == [1]
+    assert h.learn_text([[1, 9, 1, 9], [9, 4]]) == 4
+    assert h.guess(1) == [9] and h.guess(9) == [1]      # 9 -> 1 once, 9 -> 4 once: the first stays
+    assert h.guess(5, 4) == [1, 9, 1, 9]         # a chain of habits
+
+
+def test_habits_count_a_bounded_number_of_followers():
+    """At most ``successors`` followers a token: a newcomer replaces the least counted, taking over its count
+    plus one, so a token that keeps coming back becomes the habit and the memory stays bounded."""
+    h = Habits(successors=2)
+    for b in (1, 1, 1, 2, 3, 3, 3):
+        h.learn(7, b)
+    assert h._next[7] == {1: 3, 3: 4}           # 3 replaced 2 (count 1 + 1), then counted twice more
+    assert h.guess(7) == [3]
