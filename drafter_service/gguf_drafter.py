@@ -34,7 +34,7 @@ import torch
 
 from drafter_service import suffix_store
 from drafter_service.drafter import DEFAULT_MAX_SESSIONS
-from drafter_service.guesses import Habits
+from drafter_service.guesses import GuessCounts, Habits
 from drafter_service.model_drafter import (DEFAULT_PREFILL_CHUNK, METADATA_FILE, DrafterMetadata, ModelDrafter,
                                            ModelState)
 from tandem.sessions import SessionStore
@@ -156,6 +156,7 @@ class GgufDrafter(ModelDrafter):
         self._info = ModelInfo(self.meta.model_name, self.meta.vocab_size, self.meta.vocab_hash,
                                self.meta.max_context, self.meta.eos_token_ids, follow_path=True)
         if self.guess_tokens:
+            self.guess_counts = GuessCounts()
             self.habits = Habits()
             for seed in habit_seeds(guess_seed, info.vocab_hash):
                 pairs = self.habits.learn_text(suffix_store.read_sequences(seed))

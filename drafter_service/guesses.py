@@ -130,3 +130,15 @@ class Habits:
                 break
             out.append(t)
         return out
+
+
+class GuessCounts:
+    """Rows a drafter fed as guesses, and those whose guess was the next token it drafted (each a forward saved),
+    by where the guess came from: ``session`` (the session's own text, ``Continuations``) or ``habit``
+    (``Habits``). Read by the drafter's metrics (``tandem:drafter_guessed_rows``)."""
+
+    SOURCES = ("session", "habit")
+
+    def __init__(self):
+        self.fed = dict.fromkeys(self.SOURCES, 0)
+        self.used = dict.fromkeys(self.SOURCES, 0)

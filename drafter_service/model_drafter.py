@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from drafter_service.drafter import DEFAULT_MAX_SESSIONS, ContextDrafter, Decide, DraftState
-from drafter_service.guesses import Continuations, Habits, common_prefix
+from drafter_service.guesses import Continuations, GuessCounts, Habits, common_prefix
 from drafter_service.kv_buffers import SHARED_KV_INPUTS, SharedKV, SharedKVGraph
 from drafter_service.sampling import coupled_draft, sample_index, top_probability, truncate_support, warp
 from tandem.sessions import SessionStore
@@ -71,7 +71,7 @@ class ModelState(DraftState):
     ``SharedKV`` for a shared-buffer graph), the ids it holds, and (after check_tokens) the logits row
     predicting the token after ``kv_ids``."""
 
-    __slots__ = ("kv", "kv_ids", "next_logits", "guessed", "guessed_rows", "continuations")
+    __slots__ = ("kv", "kv_ids", "next_logits", "guessed", "guessed_rows", "guess_source", "continuations")
 
     def __init__(self, empty_kv: list):
         super().__init__()
@@ -80,6 +80,7 @@ class ModelState(DraftState):
         self.next_logits: np.ndarray | None = None
         self.guessed: list[int] = []                # tokens the KV holds after kv_ids, fed as guesses
         self.guessed_rows: list[np.ndarray] = []    # the logits row after each of them
+        self.guess_source = ""                      # where they came from (GuessCounts.SOURCES)
         self.continuations: Continuations | None = None     # made by the first guessed step
 
     @property
@@ -162,6 +163,7 @@ class ModelDrafter(ContextDrafter):
     can_check = True
     guess_tokens = 0        # tokens guessed after each fed draft token (drafter_service.guesses); 0: none
     habits: Habits | None = None    # what it drafted after each token, the guess where the text has none
+    guess_counts: GuessCounts | None = None     # guessed rows fed and used, by source (its metrics read them)
 
     def __init__(self, model_path, *, threads: int | None = None, providers: list[str] | None = None,
                  support_size: int = 64, session_ttl_s: float = 600.0,
@@ -303,6 +305,7 @@ class ModelDrafter(ContextDrafter):
                     logits = outs[0][0, -1]
                     continue
                 if guessed and guessed[0] == tok.token_id:     # fed already: its row is the next logits
+                    self._guess_used(state, 1)
                     guessed.pop(0)
                     logits = guessed_rows.pop(0)
                     state.kv_ids.append(tok.token_id)
@@ -313,6 +316,7 @@ class ModelDrafter(ContextDrafter):
         if guessed:
             unfed = len(state.kv_ids) < len(context) + len(tokens)      # the block's last token (not fed)
             if unfed and tokens[-1].token_id == guessed[0]:     # fed as a guess: the next block starts after it
+                self._guess_used(state, 1)
                 state.kv_ids.append(guessed.pop(0))
                 state.next_logits = guessed_rows.pop(0)
             else:
@@ -331,6 +335,7 @@ class ModelDrafter(ContextDrafter):
                 or context[held:] != state.guessed[:extra]:
             return None
         logits = state.next_logits if extra == 0 else state.guessed_rows[extra - 1]
+        self._guess_used(state, extra)
         state.kv_ids.extend(context[held:])
         del state.guessed[:extra], state.guessed_rows[:extra]
         return logits
@@ -345,6 +350,8 @@ class ModelDrafter(ContextDrafter):
         """Feeds ``token`` after kv_ids with the guesses of what follows it (drafter_service.guesses); returns
         the logits after ``token``, the guesses' rows kept in the state."""
         guesses = self._guesses(state, token, self.guess_tokens)
+        if guesses and self.guess_counts is not None:
+            self.guess_counts.fed[state.guess_source] += len(guesses)
         rows = state.kv[0].run([token, *guesses], 1 + len(guesses))[0]
         state.kv_ids.append(token)
         state.guessed.extend(guesses)
@@ -361,9 +368,16 @@ class ModelDrafter(ContextDrafter):
         if state.continuations is None:
             state.continuations = Continuations()
         guesses = state.continuations.guess([*state.kv_ids, token], m)
+        state.guess_source = "session"
         if not guesses and self.habits is not None:
             guesses = self.habits.guess(token, m)
+            state.guess_source = "habit"
         return guesses
+
+    def _guess_used(self, state: ModelState, n: int) -> None:
+        """``n`` guessed rows were the tokens that followed: counted by their source."""
+        if n and self.guess_counts is not None:
+            self.guess_counts.used[state.guess_source] += n
 
     def check_tokens(self, state: ModelState, context: list[int], tokens: list[int], decide: Decide) -> int:
         """One feed of context + tokens (re-feeding at least the last context token, whose logits row

@@ -215,3 +215,15 @@ def test_habit_guesses_draft_the_same_tokens_in_fewer_forwards(default_file, tar
     again, warm_forwards = drafted_path(cold, prompt, SamplingParams(), "w")   # it learned the answer
     assert first == want and again == want
     assert warm_forwards <= min(0.85 * cold_forwards, cold_forwards - 5), (warm_forwards, cold_forwards, plain_forwards)
+    # the drafter's metrics say where its guesses came from and how many saved a forward
+    from drafter_service.metrics import DrafterMetrics
+
+    scraped = {line.split(" ")[0]: float(line.split(" ")[1]) for line in DrafterMetrics(cold).text().splitlines()
+               if line.startswith("tandem:drafter_guessed_rows")}
+    fed, used = cold.guess_counts.fed, cold.guess_counts.used
+    assert used["habit"] > 0 and fed["habit"] >= used["habit"] and fed["session"] >= used["session"]
+    saved = plain_forwards - cold_forwards + plain_forwards - warm_forwards
+    assert saved <= used["habit"] + used["session"] <= saved + 4   # a guess used by a block no later block followed
+    for source in ("session", "habit"):
+        assert scraped[f'tandem:drafter_guessed_rows_total{{source="{source}"}}'] == fed[source]
+        assert scraped[f'tandem:drafter_guessed_rows_used_total{{source="{source}"}}'] == used[source]
