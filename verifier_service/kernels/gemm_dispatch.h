@@ -21,23 +21,25 @@ typedef void (*rows_fn)(const float *, int64_t, const uint8_t *, const float *, 
                                                            int64_t o) {                                          \
         rows_times_row(KIND, N, x, inner, row, bias, y, ldy, r0, o);                                            \
     }
+/* F(KIND, n) for n = 1 .. 2, 3, 4 or 8: one instance a row count; with an ENTRY macro (``name,``), a table. */
+#define TQ_UP_TO_2(F, KIND) F(KIND, 1) F(KIND, 2)
+#define TQ_UP_TO_3(F, KIND) TQ_UP_TO_2(F, KIND) F(KIND, 3)
+#define TQ_UP_TO_4(F, KIND) TQ_UP_TO_3(F, KIND) F(KIND, 4)
+#define TQ_UP_TO_8(F, KIND) TQ_UP_TO_4(F, KIND) F(KIND, 5) F(KIND, 6) F(KIND, 7) F(KIND, 8)
 #if ROWS == 8
-#define ROWS_FNS(KIND) ROWS_FN(KIND, 1) ROWS_FN(KIND, 2) ROWS_FN(KIND, 3) ROWS_FN(KIND, 4) \
-                       ROWS_FN(KIND, 5) ROWS_FN(KIND, 6) ROWS_FN(KIND, 7) ROWS_FN(KIND, 8)
-#define ROWS_TABLE(KIND) {rows_##KIND##_1, rows_##KIND##_2, rows_##KIND##_3, rows_##KIND##_4, \
-                          rows_##KIND##_5, rows_##KIND##_6, rows_##KIND##_7, rows_##KIND##_8}
+#define TQ_UP_TO_ROWS TQ_UP_TO_8
 #elif ROWS == 4
-#define ROWS_FNS(KIND) ROWS_FN(KIND, 1) ROWS_FN(KIND, 2) ROWS_FN(KIND, 3) ROWS_FN(KIND, 4)
-#define ROWS_TABLE(KIND) {rows_##KIND##_1, rows_##KIND##_2, rows_##KIND##_3, rows_##KIND##_4}
+#define TQ_UP_TO_ROWS TQ_UP_TO_4
 #elif ROWS == 3
-#define ROWS_FNS(KIND) ROWS_FN(KIND, 1) ROWS_FN(KIND, 2) ROWS_FN(KIND, 3)
-#define ROWS_TABLE(KIND) {rows_##KIND##_1, rows_##KIND##_2, rows_##KIND##_3}
+#define TQ_UP_TO_ROWS TQ_UP_TO_3
 #elif ROWS == 2
-#define ROWS_FNS(KIND) ROWS_FN(KIND, 1) ROWS_FN(KIND, 2)
-#define ROWS_TABLE(KIND) {rows_##KIND##_1, rows_##KIND##_2}
+#define TQ_UP_TO_ROWS TQ_UP_TO_2
 #else
 #error "ROWS must be 2, 3, 4 or 8"
 #endif
+#define ROWS_ENTRY(KIND, N) rows_##KIND##_##N,
+#define ROWS_FNS(KIND) TQ_UP_TO_ROWS(ROWS_FN, KIND)
+#define ROWS_TABLE(KIND) {TQ_UP_TO_ROWS(ROWS_ENTRY, KIND)}
 
 /* The kinds every ISA's one-column pass serves: X(KIND) for each. The two-column pass serves the first list
    only (pairs_of says why). */
@@ -78,17 +80,17 @@ typedef void (*pair_fn)(const float *, int64_t, const uint8_t *, int64_t, const 
         rows_times_two_rows(KIND, N, x, inner, row, ldw, bias, y, ldy, r0, o);                                   \
     }
 #if PAIR_ROWS == 4
-#define PAIR_FNS(KIND) PAIR_FN(KIND, 1) PAIR_FN(KIND, 2) PAIR_FN(KIND, 3) PAIR_FN(KIND, 4)
-#define PAIR_TABLE(KIND) {pair_##KIND##_1, pair_##KIND##_2, pair_##KIND##_3, pair_##KIND##_4}
+#define TQ_UP_TO_PAIR_ROWS TQ_UP_TO_4
 #elif PAIR_ROWS == 3
-#define PAIR_FNS(KIND) PAIR_FN(KIND, 1) PAIR_FN(KIND, 2) PAIR_FN(KIND, 3)
-#define PAIR_TABLE(KIND) {pair_##KIND##_1, pair_##KIND##_2, pair_##KIND##_3}
+#define TQ_UP_TO_PAIR_ROWS TQ_UP_TO_3
 #elif PAIR_ROWS == 2
-#define PAIR_FNS(KIND) PAIR_FN(KIND, 1) PAIR_FN(KIND, 2)
-#define PAIR_TABLE(KIND) {pair_##KIND##_1, pair_##KIND##_2}
+#define TQ_UP_TO_PAIR_ROWS TQ_UP_TO_2
 #else
 #error "PAIR_ROWS must be 2, 3 or 4"
 #endif
+#define PAIR_ENTRY(KIND, N) pair_##KIND##_##N,
+#define PAIR_FNS(KIND) TQ_UP_TO_PAIR_ROWS(PAIR_FN, KIND)
+#define PAIR_TABLE(KIND) {TQ_UP_TO_PAIR_ROWS(PAIR_ENTRY, KIND)}
 
 TQ_PAIRED_KINDS(PAIR_FNS)
 
@@ -125,21 +127,9 @@ typedef pair_fn half_fn;
                                                            int64_t r0, int64_t o) {                               \
         rows_times_two_rows_halves(KIND, N, x, inner, row, ldw, bias, y, ldy, r0, o);                            \
     }
-#if ROWS == 8
-#define HALF_FNS(KIND) HALF_FN(KIND, 1) HALF_FN(KIND, 2) HALF_FN(KIND, 3) HALF_FN(KIND, 4) \
-                       HALF_FN(KIND, 5) HALF_FN(KIND, 6) HALF_FN(KIND, 7) HALF_FN(KIND, 8)
-#define HALF_TABLE(KIND) {half_##KIND##_1, half_##KIND##_2, half_##KIND##_3, half_##KIND##_4, \
-                          half_##KIND##_5, half_##KIND##_6, half_##KIND##_7, half_##KIND##_8}
-#elif ROWS == 4
-#define HALF_FNS(KIND) HALF_FN(KIND, 1) HALF_FN(KIND, 2) HALF_FN(KIND, 3) HALF_FN(KIND, 4)
-#define HALF_TABLE(KIND) {half_##KIND##_1, half_##KIND##_2, half_##KIND##_3, half_##KIND##_4}
-#elif ROWS == 3
-#define HALF_FNS(KIND) HALF_FN(KIND, 1) HALF_FN(KIND, 2) HALF_FN(KIND, 3)
-#define HALF_TABLE(KIND) {half_##KIND##_1, half_##KIND##_2, half_##KIND##_3}
-#else
-#define HALF_FNS(KIND) HALF_FN(KIND, 1) HALF_FN(KIND, 2)
-#define HALF_TABLE(KIND) {half_##KIND##_1, half_##KIND##_2}
-#endif
+#define HALF_ENTRY(KIND, N) half_##KIND##_##N,
+#define HALF_FNS(KIND) TQ_UP_TO_ROWS(HALF_FN, KIND)
+#define HALF_TABLE(KIND) {TQ_UP_TO_ROWS(HALF_ENTRY, KIND)}
 
 #define TQ_HALF_KINDS(X) X(TQ_Q4_K) X(TQ_Q5_K) X(TQ_Q6_K)
 TQ_HALF_KINDS(HALF_FNS)
