@@ -138,7 +138,12 @@ def suffix_index_files(path, seed: str | None, store, scope: str) -> list[Path]:
         return [Path(store)]
     if seed == "auto":
         return [Path(path) / SEED_FILE] if Path(path).is_dir() and (Path(path) / SEED_FILE).is_file() else []
-    return [Path(p.strip()) for p in str(seed).split(",") if p.strip()] if explicit else []
+    return seed_paths(seed) if explicit else []
+
+
+def seed_paths(seed: str) -> list[Path]:
+    """The comma-separated paths a seed flag names (--suffix-seed, --drafter-guess-seed), empty ones skipped."""
+    return [Path(p.strip()) for p in str(seed).split(",") if p.strip()]
 
 
 def _seeded(drafter, files: list[Path]):

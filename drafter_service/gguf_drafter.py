@@ -54,13 +54,13 @@ def habit_seeds(seed: str | None, vocab_hash: str) -> list[Path]:
     (``suffix_seed.jsonl.gz``: its target's answers to training questions) of the shipped drafters whose
     vocabulary is this model's (their drafter.json's vocab_hash); None, '' or 'none' = none; else
     comma-separated files (drafter_service.suffix_store's format), each of which must exist."""
-    from drafter_service.factory import SEED_FILE
+    from drafter_service.factory import SEED_FILE, seed_paths
     from tandem.defaults import DRAFTER_DIRS
 
     if seed in (None, "", "none"):
         return []
     if seed != "auto":
-        files = [Path(p.strip()).expanduser() for p in str(seed).split(",") if p.strip()]
+        files = [f.expanduser() for f in seed_paths(seed)]
         for f in files:
             if not f.is_file():
                 raise FileNotFoundError(f"--drafter-guess-seed {f}: no such file")
