@@ -4,8 +4,8 @@
     loop:
         k = policy(past rounds' costs and acceptance)       # 0 = a plain step (gateway.draft_length)
         x_1..x_m, q = proposal(context, k)                  # m <= k: a lookup copy, tokens drafted ahead while
-                                                            # the last block was verified, or a Propose call
-                                                            # (gateway.proposal)
+                                                            # the last block was verified (+ lookup's copy
+                                                            # after them), or a Propose call (gateway.proposal)
         n, y = verifier(x_1..x_m, q)                        # one target forward over m+1 positions
         emit x_1..x_n, y                                    # y: recovered token, or bonus if n == m
         tell the drafter the new context                    # it drafts the next block meanwhile
@@ -58,7 +58,8 @@ class Request:
     verifier_token: str = ""             # the session's secrets on each node (never the same: the drafter
     drafter_token: str = ""              # must not be able to act on the verifier's session)
     lookup: LookupRule | None = None     # the drafter's prompt lookup (its GetInfo): predicted with its rule
-    local_lookup: bool = True            # a block that rule supplies whole, unchecked, is copied here
+    local_lookup: bool = True            # a block that rule supplies whole, unchecked, is copied here (and
+                                         # its copy after the tokens drafted ahead appended to them)
     draft_ahead: bool = True             # the drafter drafts the next block while the verifier checks this one
     plain_ahead: int = 0                 # and keeps this many tokens drafted while rounds are plain steps
     follow_paths: bool = False           # a model-free node: blocks only from its path, never waited for
