@@ -33,8 +33,7 @@ def configure(p) -> None:
     flag(p, "no-speculation", help="decode with the target alone by default (the baseline)", cast=bool)
     flag(p, "no-local-lookup", help="always ask the drafter, also for a block that prompt lookup over the "
          "sequence supplies whole (by default the gateway copies such a block itself: the same tokens, no "
-         "round trip to the drafter), and never append lookup's copy to tokens the drafter drafted ahead",
-         cast=bool)
+         "round trip to the drafter)", cast=bool)
     flag(p, "unseeded-sampling", "coupled", help="how a sampled request without a seed is verified: 'coupled' "
          "(the gateway gives both nodes a secret seed for the request: the text is the target's own sample "
          "whatever the drafter sends, so a drafter can only cost speed; a request's seed always couples) or "

@@ -32,8 +32,7 @@ class GatewayConfig:
     drafter_retry_s: float = 1.0          # first wait before probing a failed drafter again (then doubling)
     drafter_retry_max_s: float = 15.0     # longest wait between probes of a failed drafter
     max_concurrent_requests: int = 64     # more at once are refused (RESOURCE_EXHAUSTED); 0: no limit
-    local_lookup: bool = True             # blocks prompt lookup supplies whole, and its copy after tokens drafted
-                                          # ahead, are copied here (gateway.rounds)
+    local_lookup: bool = True             # blocks prompt lookup supplies whole are copied here (gateway.rounds)
     draft_ahead: bool = True              # the drafter drafts the next block while the verifier checks this one
     plain_ahead: int = 0                  # tokens kept drafted ahead during plain steps too (0: it only follows)
     drafter_shares_cpus: bool = False     # the drafter runs on the verifier's cores (one box): no drafting ahead,

@@ -7,10 +7,7 @@ For a round that drafts k tokens (k chosen by the draft-length policy), in order
 2. **drafted ahead**: the drafter streams a path of tokens drafted beyond the real sequence while the verifier
    checks the previous block (``gateway.clients.AheadStream``; the drafter's side: ``drafter_service.ahead``).
    Tokens drafted from exactly the real context are ready at once ("ahead"); when fewer than k are, the round
-   waits for the stream to bring them ("wait"), as long as a Propose call would take. Where prompt lookup
-   continues the ready tokens (its rule over the sequence followed by them, a match it copies unchecked), the
-   gateway appends that copy (``extend_ready``): a block longer than the drafter's lead, at no drafter time;
-   each copied token is a deterministic function of the tokens before it, q a point mass, like any copy;
+   waits for the stream to bring them ("wait"), as long as a Propose call would take;
 3. a **Propose** call (drafters without DraftAhead, in-process adapters): the drafter syncs to the sequence it
    is sent (only what it has not seen), drafts, and replies; a drafter that lost the session gets it all again.
 
@@ -97,7 +94,6 @@ class Proposer:
         self._seen = 0              # len(sequence) when the drafter last read it (through Propose or the stream)
         self._followed = 0          # len(sequence) at the stream's last message
         self._following = False     # that message asked for nothing drafted (a plain streak)
-        self._extension: tuple = ()  # (len(sequence), ready ids, copy) of the last extend_ready
 
     @property
     def follows_paths(self) -> bool:
@@ -137,15 +133,6 @@ class Proposer:
         self._held = bool(held)
         return held
 
-    def extend_ready(self, sequence: Sequence[int], ready: Sequence[DraftToken], copy: Sequence[DraftToken]
-                     ) -> tuple[DraftToken, ...]:
-        """``ready`` (this round's ``ready(sequence)``) followed by ``copy``, lookup's tokens continuing
-        sequence + ready: a block of this round longer than ``ready`` takes them after the drafted tokens
-        instead of waiting for more from the drafter."""
-        ready = tuple(ready)
-        self._extension = (len(sequence), tuple(t.token_id for t in ready), tuple(copy)) if ready and copy else ()
-        return ready + tuple(copy) if self._extension else ready
-
     def _stream_failed(self, exc: DrafterUnavailable) -> None:
         """The stream broke: a drafter without DraftAhead is asked with Propose from now on; a followed node's
         failure is reported by the next propose; otherwise the next propose reports it as it asks."""
@@ -170,9 +157,8 @@ class Proposer:
         if k <= 0 or self.drafter is None:
             return ProposalStep(Proposal(()))
         t0 = time.perf_counter()
-        extension, self._extension = self._extension, ()
         try:
-            step = await self._from_stream(sequence, k, extension) if self._use_ahead else None
+            step = await self._from_stream(sequence, k) if self._use_ahead else None
             if step is None:
                 step = ProposalStep(await self._call(sequence, k), "propose")
             check_proposal(step.proposal, k, self.vocab_size, self.sampling.needs_draft_probs)
@@ -184,10 +170,8 @@ class Proposer:
         wait_ms = None if step.source == "ahead" else (time.perf_counter() - t0) * 1e3
         return ProposalStep(step.proposal, step.source, wait_ms)
 
-    async def _from_stream(self, sequence: list[int], k: int, extension: tuple = ()) -> ProposalStep | None:
-        """The block from the DraftAhead stream (opened at the first block), followed by the copy of
-        ``extension`` (``extend_ready``) where it continues exactly the tokens ready now; None: ask with
-        Propose instead."""
+    async def _from_stream(self, sequence: list[int], k: int) -> ProposalStep | None:
+        """The block from the DraftAhead stream (opened at the first block); None: ask with Propose instead."""
         from gateway.clients import AheadUnsupported
 
         try:
@@ -198,9 +182,6 @@ class Proposer:
                     return None
                 await self._sync(sequence, _depth(k))
             ready = self._stream.usable(sequence)
-            if (len(ready) < k and extension and extension[0] == len(sequence)
-                    and extension[1] == tuple(t.token_id for t in ready)):
-                ready = list(ready) + list(extension[2])
             if len(ready) >= k:
                 return ProposalStep(Proposal(tuple(ready[:k])), "ahead")
             await self._sync(sequence, _depth(k))             # after a plain streak it was only following

@@ -4,8 +4,8 @@
     loop:
         k = policy(past rounds' costs and acceptance)       # 0 = a plain step (gateway.draft_length)
         x_1..x_m, q = proposal(context, k)                  # m <= k: a lookup copy, tokens drafted ahead while
-                                                            # the last block was verified (+ lookup's copy
-                                                            # after them), or a Propose call (gateway.proposal)
+                                                            # the last block was verified, or a Propose call
+                                                            # (gateway.proposal)
         n, y = verifier(x_1..x_m, q)                        # one target forward over m+1 positions
         emit x_1..x_n, y                                    # y: recovered token, or bonus if n == m
         tell the drafter the new context                    # it drafts the next block meanwhile
@@ -27,7 +27,6 @@ q a point mass, as the drafter reports them: verification stays exact.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -38,9 +37,9 @@ from gateway.ports import DrafterPort, VerifierPort
 from gateway.proposal import Proposer, ProposalStep
 from gateway.tracing import round_attributes
 from tandem import telemetry
-from tandem.lookup import LookupIndex, lookup_proposal
+from tandem.lookup import LookupIndex
 from tandem.round_record import Round
-from tandem.types import DraftToken, LookupRule, Proposal, SamplingParams, VerifyOutcome
+from tandem.types import LookupRule, Proposal, SamplingParams, VerifyOutcome
 
 
 @dataclass(frozen=True)
@@ -58,8 +57,7 @@ class Request:
     verifier_token: str = ""             # the session's secrets on each node (never the same: the drafter
     drafter_token: str = ""              # must not be able to act on the verifier's session)
     lookup: LookupRule | None = None     # the drafter's prompt lookup (its GetInfo): predicted with its rule
-    local_lookup: bool = True            # a block that rule supplies whole, unchecked, is copied here (and
-                                         # its copy after the tokens drafted ahead appended to them)
+    local_lookup: bool = True            # a block that rule supplies whole, unchecked, is copied here
     draft_ahead: bool = True             # the drafter drafts the next block while the verifier checks this one
     plain_ahead: int = 0                 # and keeps this many tokens drafted while rounds are plain steps
     follow_paths: bool = False           # a model-free node: blocks only from its path, never waited for
@@ -111,10 +109,6 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
                 looked, ngram = lookup.find(sequence, budget) if budget > 0 and lookup is not None else ([], 0)
                 local = (req.local_lookup or req.lookup_only) and bool(looked) and rule.copies_unchecked(ngram)
                 ready = proposer.ready(sequence) if budget > 0 else ()
-                if ready and req.local_lookup and lookup is not None and not proposer.follows_paths:
-                    # lookup continuing the drafter's lead: a longer block at no drafter time (gateway.proposal)
-                    ready = proposer.extend_ready(sequence, ready, _copy_after(lookup, rule, sequence, ready,
-                                                                               budget - len(ready), req.sampling))
                 if proposer.drafter is None:
                     budget = len(looked) if local else 0     # no drafter: nothing but a copy can be proposed
                 elif proposer.follows_paths:                 # a model-free node: what is here already, or a copy
@@ -150,19 +144,6 @@ async def generate_rounds(req: Request, verifier: VerifierPort, drafter: Drafter
             ended = time.perf_counter()
     finally:
         await proposer.close(sequence)
-
-
-def _copy_after(lookup: LookupIndex, rule: LookupRule, sequence: Sequence[int], ready: Sequence[DraftToken],
-                room: int, sampling: SamplingParams) -> tuple[DraftToken, ...]:
-    """What prompt lookup copies after ``sequence`` + the ``ready`` tokens (at most ``room``; only a match the
-    rule copies unchecked), each copy with its match length (the matched n-gram plus the copies before it),
-    by which the choice of k prices it and learns its acceptance."""
-    if room <= 0:
-        return ()
-    ids, n = lookup.find_after(sequence, [t.token_id for t in ready], room)
-    if not ids or not rule.copies_unchecked(n):
-        return ()
-    return tuple(dataclasses.replace(t, match_length=n + i) for i, t in enumerate(lookup_proposal(ids, sampling)))
 
 
 def _figures(step: ProposalStep, outcome: VerifyOutcome, round_ms: float) -> RoundFigures:

@@ -75,16 +75,3 @@ class LookupIndex:
             if e is not None:
                 return list(context[e:e + k]), n
         return [], 0
-
-    def find_after(self, context: Sequence[int], extra: Sequence[int], k: int) -> tuple[list[int], int]:
-        """The rule's tokens after ``context`` + ``extra`` (tokens proposed beyond the context, not emitted),
-        from occurrences that end inside ``context`` only: ``extra`` is not indexed, so the index stays the
-        context's. Like ``find``, a deterministic function of the extended context."""
-        self.find(context, 0)
-        full = list(context) + list(extra)
-        size, hi, lo = len(full), self.max_ngram, self.min_ngram
-        for n in range(min(hi, size - 1), lo - 1, -1):
-            e = self._end.get(tuple(full[size - n:]))
-            if e is not None:
-                return full[e:e + k], n
-        return [], 0

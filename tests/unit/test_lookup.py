@@ -84,32 +84,3 @@ def test_the_gateway_s_incremental_index_finds_what_find_lookup_finds():
             other = seq[:50] + [vocab + 1] + seq[51:120]            # a different sequence: re-indexed
             assert index.find(other, 4) == find_lookup(other, 4, max_ngram, min_ngram)
             assert index.find(seq[:30], 4) == find_lookup(seq[:30], 4, max_ngram, min_ngram)
-
-
-def test_a_copy_after_tokens_proposed_beyond_the_sequence_comes_from_the_sequence_alone():
-    """LookupIndex.find_after(context, extra, k): the rule over context + extra, matched against occurrences
-    that end inside the context (extra is never indexed), the copy read from context + extra; the index
-    stays the context's (the next round's find answers as before)."""
-    from tandem.lookup import LookupIndex, find_lookup
-
-    def reference(context, extra, k, max_ngram, min_ngram):
-        full = list(context) + list(extra)
-        for n in range(min(max_ngram, len(full) - 1), min_ngram - 1, -1):
-            ends = [e for e in range(n, len(context)) if full[e - n:e] == full[len(full) - n:]]
-            if ends:
-                return full[ends[-1]:ends[-1] + k], n
-        return [], 0
-
-    assert LookupIndex(2, 1).find_after([5, 6, 7, 1, 9], [6], 3) == ([7, 1, 9], 1)
-    assert LookupIndex(2, 1).find_after([5, 6, 7, 1, 6], [7], 3) == ([1, 6, 7], 2)   # the copy runs into extra
-    assert LookupIndex(2, 1).find_after([5, 6, 7], [], 2) == find_lookup([5, 6, 7], 2, 2, 1)
-    rng = np.random.default_rng(11)
-    for max_ngram, min_ngram in ((4, 1), (3, 2), (1, 1)):
-        index = LookupIndex(max_ngram, min_ngram)
-        seq = rng.integers(0, 6, size=5).tolist()
-        while len(seq) < 200:
-            extra = rng.integers(0, 6, size=int(rng.integers(0, 4))).tolist()
-            k = int(rng.integers(1, 6))
-            assert index.find_after(seq, extra, k) == reference(seq, extra, k, max_ngram, min_ngram), (seq, extra)
-            assert index.find(seq, k) == find_lookup(seq, k, max_ngram, min_ngram)
-            seq = seq + rng.integers(0, 6, size=int(rng.integers(1, 4))).tolist()

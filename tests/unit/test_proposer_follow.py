@@ -186,30 +186,3 @@ def test_a_followed_node_that_dies_costs_speed_only_and_the_round_says_why():
     failed = [s for s in steps if s.fallback]
     assert len(failed) == 1 and "UNAVAILABLE" in failed[0].fallback and not failed[0].proposal.tokens
     assert proposer.drafter is None and all(not s.proposal.tokens for s in steps[steps.index(failed[0]):])
-
-
-def test_a_round_wanting_more_than_the_drafter_has_ready_takes_the_copy_after_it():
-    """extend_ready: a block of k > the tokens drafted ahead is those tokens + the copy after them ("ahead", no
-    wait); the copy is used only in the round it was made for (the same sequence, the same ready tokens)."""
-    drafter = AheadDrafter()
-    drafter.stream = GuessingStream()
-    proposer = Proposer("s", "t", SamplingParams(), drafter)
-    sequence = [5, 6, 7]
-    copy = (DraftToken(40, from_lookup=True, match_length=1), DraftToken(41, from_lookup=True, match_length=2))
-
-    async def run():
-        await proposer.start(sequence, 1)               # a path of 3 tokens: 8, 9, 10
-        drafter.stream.path.tokens = drafter.stream.path.tokens[:1]     # the drafter is one token ahead
-        ready = proposer.ready(sequence)
-        extended = proposer.extend_ready(sequence, ready, copy)
-        assert [t.token_id for t in extended] == [8, 40, 41]
-        step = await proposer.propose(sequence, 3)
-        assert step.source == "ahead" and step.wait_ms is None
-        assert [(t.token_id, t.from_lookup) for t in step.proposal.tokens] == [(8, False), (40, True), (41, True)]
-        proposer.extend_ready(sequence, ready, copy)
-        sequence.append(8)                              # another round's sequence: the copy is not used
-        step = await proposer.propose(sequence, 3)
-        assert step.source == "wait" and all(not t.from_lookup for t in step.proposal.tokens)
-        assert proposer.extend_ready(sequence, (), copy) == ()      # nothing drafted: nothing to extend
-
-    asyncio.run(run())
