@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ACTIVATIONS = "int8"
 DEFAULT_GUESSES = 1         # tokens guessed after each drafted token (drafter_service.guesses)
+DEFAULT_LONG_GUESSES = 7    # ... where the text loops: one forward of 8 rows
 DEFAULT_GUESS_SEED = "auto"  # text the drafter's habits start from (habit_seeds)
 _load_lock = threading.Lock()     # the activation arithmetic is read from the environment while loading
 
@@ -115,10 +116,12 @@ class GgufDrafter(ModelDrafter):
     def __init__(self, model_path, *, threads: int | None = None, activations: str = DEFAULT_ACTIVATIONS,
                  support_size: int = 64, session_ttl_s: float = 600.0,
                  max_sessions: int | None = DEFAULT_MAX_SESSIONS, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 guesses: int = DEFAULT_GUESSES, guess_seed: str | None = DEFAULT_GUESS_SEED, providers=None):
+                 guesses: int = DEFAULT_GUESSES, long_guesses: int = DEFAULT_LONG_GUESSES,
+                 guess_seed: str | None = DEFAULT_GUESS_SEED, providers=None):
         """``threads``: the forward's threads (None: torch's default); ``activations``: 'int8' (llama.cpp's
         arithmetic, the fast one) or 'fp32' (the target's default arithmetic: every greedy token the target's,
         at the target's cost); ``guesses``: tokens guessed beside each drafted one (drafter_service.guesses);
+        ``long_guesses``: where the session's text loops (0: ``guesses`` there too);
         ``guess_seed``: the text its habits start from (``habit_seeds``). ``providers`` is an ONNX kind's option
         and is ignored."""
         from verifier_service.target import Target
@@ -145,6 +148,7 @@ class GgufDrafter(ModelDrafter):
                              "(transformers' forward would draft slower than the target verifies)")
         self.prefill_chunk = max(0, int(prefill_chunk or 0))
         self.guess_tokens = max(0, int(guesses))
+        self.long_guesses = max(0, int(long_guesses)) if self.guess_tokens else 0
         self._shared = self                     # the KV is fed in place: ModelDrafter's shared-buffer branch
         info = self.target.info
         self.activations = activations

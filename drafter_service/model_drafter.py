@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from drafter_service.drafter import DEFAULT_MAX_SESSIONS, ContextDrafter, Decide, DraftState
-from drafter_service.guesses import Continuations, GuessCounts, Habits, common_prefix
+from drafter_service.guesses import LONG_MATCH, Continuations, GuessCounts, Habits, common_prefix
 from drafter_service.kv_buffers import SHARED_KV_INPUTS, SharedKV, SharedKVGraph
 from drafter_service.sampling import coupled_draft, sample_index, top_probability, truncate_support, warp
 from tandem.sessions import SessionStore
@@ -162,6 +162,7 @@ class ModelDrafter(ContextDrafter):
     kind = "model"
     can_check = True
     guess_tokens = 0        # tokens guessed after each fed draft token (drafter_service.guesses); 0: none
+    long_guesses = 0        # ... where the text loops (the last LONG_MATCH tokens recur), if more
     habits: Habits | None = None    # what it drafted after each token, the guess where the text has none
     guess_counts: GuessCounts | None = None     # guessed rows fed and used, by source (its metrics read them)
 
@@ -359,15 +360,18 @@ class ModelDrafter(ContextDrafter):
         return rows[0]
 
     def _guesses(self, state: ModelState, token: int, m: int) -> list[int]:
-        """Up to ``m`` tokens guessed to follow the session's tokens and ``token`` (drafter_service.guesses), never
-        past the drafter's context (a guess takes a position in the KV)."""
-        if self.meta.max_context:
-            m = min(m, self.meta.max_context - len(state.kv_ids) - 1)
+        """Up to ``m`` tokens guessed to follow the session's tokens and ``token`` (drafter_service.guesses), or up
+        to ``long_guesses`` where the text loops; never past the drafter's context (a guess takes a position in
+        the KV)."""
+        room = self.meta.max_context - len(state.kv_ids) - 1 if self.meta.max_context else m + self.long_guesses
+        m, longer = min(m, room), min(max(m, self.long_guesses), room)
         if m <= 0:
             return []
         if state.continuations is None:
             state.continuations = Continuations()
-        guesses = state.continuations.guess([*state.kv_ids, token], m)
+        guesses, match = state.continuations.guess_matched([*state.kv_ids, token], longer)
+        if match < LONG_MATCH:
+            guesses = guesses[:m]
         state.guess_source = "session"
         if not guesses and self.habits is not None:
             guesses = self.habits.guess(token, m)

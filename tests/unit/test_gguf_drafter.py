@@ -136,6 +136,23 @@ def test_guessed_rows_draft_the_same_tokens_in_fewer_forwards(default_file, targ
     assert guessed_forwards <= (0.85 if sampling.greedy else 0.95) * plain_forwards, (guessed_forwards, plain_forwards)
 
 
+@pytest.mark.parametrize("sampling, text", [
+    (SamplingParams(), "Write the word 'hello world' ten times, one per line."),
+    (SamplingParams(temperature=0.3, seed=11), "Repeat the line 'red green blue, one two three' four times.")],
+    ids=["greedy", "seeded"])
+def test_where_the_text_loops_a_chain_of_guesses_drafts_the_same_tokens_in_fewer_forwards(default_file, target,
+                                                                                           sampling, text):
+    """Where the last 8 tokens recur (a line repeated), the drafter guesses 7 tokens in a chain: the same tokens
+    as one guess a step, in fewer forwards."""
+    prompt = prompt_ids(target, text)
+    one = GgufDrafter(default_file, guesses=1, long_guesses=0)
+    chained = GgufDrafter(default_file, guesses=1, long_guesses=7)
+    want, one_forwards = drafted_path(one, prompt, sampling, "one")
+    got, chained_forwards = drafted_path(chained, prompt, sampling, "chain")
+    assert got == want
+    assert chained_forwards < one_forwards, (chained_forwards, one_forwards)
+
+
 def test_serve_drafter_flags_reach_a_gguf_drafter(default_file, monkeypatch):
     """`tandem serve-drafter --drafter FILE.gguf --drafter-activations fp32 --drafter-guesses 0` builds exactly
     that drafter (the flags were once parsed and dropped); the variables do the same."""
@@ -145,11 +162,13 @@ def test_serve_drafter_flags_reach_a_gguf_drafter(default_file, monkeypatch):
     args = build_parser(only="serve-drafter").parse_args(
         ["serve-drafter", "--drafter", str(default_file), "--drafter-activations", "fp32", "--drafter-guesses", "0"])
     drafter = cli.load(args)
-    assert (drafter.activations, drafter.guess_tokens) == ("fp32", 0)
+    assert (drafter.activations, drafter.guess_tokens, drafter.long_guesses) == ("fp32", 0, 0)
     monkeypatch.setenv("TANDEM_DRAFTER_GUESSES", "2")
+    monkeypatch.setenv("TANDEM_DRAFTER_LONG_GUESSES", "5")
     args = build_parser(only="serve-drafter").parse_args(["serve-drafter", "--drafter", str(default_file)])
     drafter = cli.load(args)
-    assert (drafter.activations, drafter.guess_tokens) == ("int8", 2) and len(drafter.habits) > 1000
+    assert (drafter.activations, drafter.guess_tokens, drafter.long_guesses) == ("int8", 2, 5)
+    assert len(drafter.habits) > 1000
     monkeypatch.setenv("TANDEM_DRAFTER_GUESS_SEED", "none")
     args = build_parser(only="serve-drafter").parse_args(["serve-drafter", "--drafter", str(default_file)])
     assert len(cli.load(args).habits) == 0
@@ -159,9 +178,9 @@ def test_a_guess_never_takes_a_position_past_the_drafters_context(default_file, 
     """A block that ends at max_context is drafted without guessing past it (a guess takes a KV position)."""
     import dataclasses
 
-    class AlwaysGuess:
-        def guess(self, seq, m):
-            return [int(seq[-1])] * m
+    class AlwaysGuess:                            # a long match: the longest chain of guesses
+        def guess_matched(self, seq, m):
+            return [int(seq[-1])] * m, 8
 
     drafter = GgufDrafter(default_file, guesses=1)
     limit = 48                                   # this drafter's context, made short for the test

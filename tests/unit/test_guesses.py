@@ -32,6 +32,18 @@ def test_a_rewind_that_changes_the_tokens_never_guesses_from_them():
     assert c.guess([1, 2, 9, 2, 9, 2], 2) == [9, 2]
 
 
+def test_a_guess_says_how_long_a_match_it_stands_on():
+    c = Continuations(max_ngram=3)
+    line = [10, 11, 12, 13, 14, 15, 16, 17, 18]
+    seq = [1, 2] + line + [3] + line[:8]        # the line again, up to its 8th token
+    guesses, match = c.guess_matched(seq, 4)
+    assert guesses == [18, 3, 10, 11] and match == 8     # the whole 8 tokens before recur (capped at 8)
+    assert c.guess_matched(seq, 4, longest=5)[1] == 5
+    guesses, match = c.guess_matched([7, 8, 9, 4, 8, 9], 2)
+    assert guesses == [4, 8] and match == 2          # "8 9" recurs, "7 8 9" does not
+    assert c.guess_matched([5, 6], 3) == ([], 0)
+
+
 def brute_force(seq: list[int], m: int, max_ngram: int = 3) -> list[int]:
     size = len(seq)
     for n in range(min(max_ngram, size - 1), 0, -1):
