@@ -10,7 +10,11 @@ and a block the gateway copies itself by prompt lookup (no drafter call) t_verif
 - t_verify(w): the verifier's compute for a block of w draft tokens (one forward over w + 1 positions).
   A decayed mean per observed width, seeded from the verifier's profile table; the curve over every
   width is a monotone (isotonic) fit of the observed ones, linear between them, extrapolated with the
-  fit's least-squares slope (with one width known: ``default_slope``).
+  fit's least-squares slope (with one width known: ``default_slope``). A width not observed yet keeps the
+  profile's figure scaled by what the observed widths cost against the profile: a profile timed while the
+  machine was busy (a gateway and its verifier starting beside another, BENCHMARKS.md, thirty-fifth session:
+  every width timed at ~2x) would otherwise price the widths no round tried at the busy figure for ever,
+  and a choice that never tries them never learns better.
 - t_draft(k, n) = (k - n) * ms per model-drafted token + n * ms per lookup token (copies cost next to
   nothing and are measured apart). A call that finds the drafter behind (a session new to it, or the
   tokens of a plain streak, more than ``CATCH_UP_FREE``) first reads the unseen context:
@@ -122,6 +126,7 @@ class CostModel:
         self._fit: list[tuple[int, float]] | None = None
         self._curve: list[float] = []          # verify ms per width 0.., read off the current fit
         self._profile: list[tuple[int, float]] = []      # the seed table (the verifier's profile, alone)
+        self._observed: set[int] = set()       # widths some round was verified at (not only seeded)
         self.rounds_observed = 0
 
     # ---- learning ---------------------------------------------------------------------------------
@@ -148,6 +153,7 @@ class CostModel:
         others = fig.other_rows
         self._others.add(float(others))
         self._verify.setdefault(fig.width + others, _Ewma(self.alpha)).add(max(0.0, fig.verify_ms))
+        self._observed.add(fig.width + others)
         self._fit = None
         if not fig.speculative:
             self._plain_overhead.add(max(0.0, fig.round_ms - fig.verify_ms))
@@ -174,10 +180,21 @@ class CostModel:
 
     def _points(self) -> list[tuple[int, float]]:
         if self._fit is None:
-            pts = sorted((w, e.mean, e.n) for w, e in self._verify.items() if e.known)
+            scale = self._profile_scale()
+            pts = sorted((w, e.mean if w in self._observed else e.mean * scale, e.n)
+                         for w, e in self._verify.items() if e.known)
             self._fit = _isotonic(pts) if pts else []
             self._curve = []
         return self._fit
+
+    def _profile_scale(self) -> float:
+        """What the observed widths cost now against the profile's figures for them (1: none observed): the
+        factor a width known only from the profile is read at (module docstring)."""
+        seeded = dict(self._profile)
+        both = [(self._verify[w].mean, seeded[w]) for w in self._observed if seeded.get(w, 0.0) > 0.0]
+        if not both:
+            return 1.0
+        return sum(m for m, _ in both) / sum(p for _, p in both)
 
     def verify_ms(self, width: int) -> float:
         """Verify ms of a block of ``width`` draft tokens: non-decreasing in width."""

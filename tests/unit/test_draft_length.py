@@ -182,6 +182,23 @@ def test_verify_interpolation_is_monotone_and_sensible():
     assert not CostModel().ready and single.ready
 
 
+def test_widths_no_round_tried_are_priced_as_the_observed_ones_moved_from_the_profile():
+    """A profile timed on a busy machine (every width ~2x) must not price the widths no round has tried at
+    the busy figure for ever: they follow the observed widths' ratio to the profile."""
+    busy = {w: 2.0 * (8.5 + 5.0 * w) for w in range(9)}       # the true cost is 8.5 + 5 w
+    cost = CostModel()
+    cost.seed(busy)
+    for _ in range(30):
+        cost.observe(RoundFigures(width=0, accepted=0, verify_ms=8.5, round_ms=9.0))
+        cost.observe(RoundFigures(width=1, accepted=1, verify_ms=13.5, round_ms=14.0, draft_ms=0.0))
+    assert cost.verify_ms(1) == pytest.approx(13.5, rel=0.02)
+    assert cost.verify_ms(4) == pytest.approx(28.5, rel=0.05)      # 57 in the profile, scaled by ~0.5
+    assert cost.verify_ms(8) == pytest.approx(48.5, rel=0.05)
+    fresh = CostModel()
+    fresh.seed(busy)                                             # nothing observed: the profile as it is
+    assert fresh.verify_ms(4) == pytest.approx(57.0)
+
+
 def test_decayed_means_converge_to_a_changed_cost():
     cost = CostModel(alpha=0.15)
     cost.seed({0: 5.0, 2: 5.0})
