@@ -2,7 +2,10 @@
 on one host.
 
 Layout: the verifier (1 torch thread) and every gateway pinned to ``--verifier-cpus`` (default CPU
-0), the drafter to ``--drafter-cpus`` (default CPU 1). Between each speculative gateway and the
+0), the drafter to ``--drafter-cpus`` (default CPU 1). ``--two-machine-verifier local`` (the default) loads the
+target in each gateway's process, as ``tandem up`` runs it on the target's box: no gRPC hop between gateway
+and verifier; ``shared``: one verifier process that every gateway calls over gRPC (a hop of about 2 ms a round
+here, which plain decoding pays every token and a speculative round once for its block). Between each speculative gateway and the
 drafter sits a delay relay (``tandem.bench.delay_relay``, pinned with the drafter: the drafter's
 link) adding half of the round trip in each direction; one gateway per added round trip
 (``--delays``, default 0, 5 and 20 ms; 0 still goes through a relay). Modes, interleaved prompt by
@@ -147,21 +150,25 @@ def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print
     try:
         t0 = time.perf_counter()
         activations = results["activations"] = getattr(args, "activations", None)
-        nodes.spawn("verifier", ["--target", args.target, "--threads", str(args.verifier_threads or 1),
-                                 "--cpus", v_cpus, *(["--activations", activations] if activations else [])],
-                    label="verifier")
+        results["verifier"] = getattr(args, "two_machine_verifier", "local")
+        local = results["verifier"] == "local"
+        target_flags = ["--target", args.target, "--threads", str(args.verifier_threads or 1),
+                        *(["--activations", activations] if activations else [])]
+        if not local:
+            nodes.spawn("verifier", [*target_flags, "--cpus", v_cpus], label="verifier")
         for (name, i, _, _), cluster in zip(auto_modes, drafter_clusters):
             cluster.log_dir.mkdir(parents=True, exist_ok=True)
             cluster.spawn("drafter", [*node_specs[i][1], "--threads", str(args.drafter_threads), "--cpus", d_cpus],
                           label=f"drafter for {name}")
         deadline = time.monotonic() + args.startup_timeout
-        nodes.wait_up(["verifier"], deadline)
+        if not local:
+            nodes.wait_up(["verifier"], deadline)
         for cluster in drafter_clusters:
             cluster.wait_up(["drafter"], deadline)
-        verifier = f"127.0.0.1:{nodes.ports['verifier']}"
+        verifier = None if local else f"127.0.0.1:{nodes.ports['verifier']}"
         drafters = [f"127.0.0.1:{c.ports['drafter']}" for c in drafter_clusters]
-        results["models"] = fetch_info(verifier, drafters[0])
-        common = ["--verifier", verifier, "--draft-length", "auto", "--max-draft-length", str(args.max_draft_length),
+        common = [*(["--verifier", "local", *target_flags] if local else ["--verifier", verifier]),
+                  "--draft-length", "auto", "--max-draft-length", str(args.max_draft_length),
                   "--http-port", "-1", "--cpus", v_cpus]
         specs: list[tuple[str, list[str]]] = [(LOOKUP_ONLY, [*common, "--lookup-only", "--drafter", ""])]
         for (name, _, d, variant), drafter, cluster in zip(auto_modes, drafters, drafter_clusters):
@@ -173,9 +180,12 @@ def run_two_machine(args, prompts, run_order, settings, out_dir: Path, log=print
             gw.log_dir.mkdir(parents=True, exist_ok=True)
             gw.spawn("gateway", flags, label=f"gateway {name}")
             gateways.append((name, gw))
+            if local:           # one at a time: each times its target's forwards at start-up on the shared CPU
+                gw.wait_up(["gateway"], deadline)
         for name, gw in gateways:
             gw.wait_up(["gateway"], deadline)
             runners[name] = GatewayRunner(f"127.0.0.1:{gw.ports['gateway']}")
+        results["models"] = fetch_info(verifier, drafters[0], f"127.0.0.1:{gateways[0][1].ports['gateway']}")
         results["startup_s"] = time.perf_counter() - t0
         results["gateway_commands"] = {name: ["tandem", "serve-gateway", *flags] for name, flags in specs}
         runners[PLAIN] = runners[LOOKUP_ONLY]
@@ -321,8 +331,11 @@ def markdown_two_machine(results: dict) -> str:
     a = results["analysis"]
     cpu = results["environment"].get("cpu_label") or results["environment"].get("cpu", "?")
     L = ["# Two machines on one host: what the drafter node is worth", ""]
+    where = ("in each gateway's process (as `tandem up` runs it)" if results.get("verifier") == "local"
+             else "one process, called over gRPC by every gateway")
     L.append(f"Run {results.get('started_at', '?')} – {results.get('finished_at', '?')}; CPU **{cpu}**. Verifier "
-             f"(1 thread, {results.get('activations') or 'fp32'} activations) and gateways on CPU {results['verifier_cpus']}, drafter on CPU {results['drafter_cpus']}; "
+             f"(1 thread, {results.get('activations') or 'fp32'} activations; {where}) and gateways on CPU "
+             f"{results['verifier_cpus']}, drafter on CPU {results['drafter_cpus']}; "
              f"added round trip between gateway and drafter: {', '.join(f'{d:g}' for d in results['delays_ms'])} ms "
              f"({results['relay']}). Greedy; the modes interleaved prompt by prompt.")
     L.append("")

@@ -296,6 +296,9 @@ def test_two_machine_report_says_where_the_time_goes():
                    delays_ms=[0.0], relay="relay")
     md = T.markdown_two_machine(results)
     assert "Where the time goes" in md and "| 9.50 |" in md and "1.00 (2)" in md and "| 25% |" in md
+    assert "called over gRPC by every gateway" in md            # results from before the local verifier
+    results["verifier"] = "local"
+    assert "in each gateway's process (as `tandem up` runs it)" in T.markdown_two_machine(results)
 
 
 def test_concurrency_runs_clients_at_once_and_reports_percentiles():
