@@ -2,14 +2,14 @@
 on one host.
 
 Layout: the verifier (1 torch thread) and every gateway pinned to ``--verifier-cpus`` (default CPU
-0), the drafter to ``--drafter-cpus`` (default CPU 1). ``--two-machine-verifier local`` (the default) loads the
-target in each gateway's process, as ``tandem up`` runs it on the target's box: no gRPC hop between gateway
-and verifier; ``shared``: one verifier process that every gateway calls over gRPC (a hop of about 2 ms a round
-here, which plain decoding pays every token and a speculative round once for its block). Between each speculative gateway and the
-drafter sits a delay relay (``tandem.bench.delay_relay``, pinned with the drafter: the drafter's
-link) adding half of the round trip in each direction; one gateway per added round trip
-(``--delays``, default 0, 5 and 20 ms; 0 still goes through a relay). Modes, interleaved prompt by
-prompt over gRPC:
+0), the drafter to ``--drafter-cpus`` (default CPU 1). ``--two-machine-verifier local`` (the default)
+loads the target in each gateway's process, as ``tandem up`` runs it on the target's box: no gRPC hop
+between gateway and verifier; ``shared``: one verifier process that every gateway calls over gRPC (a hop
+of about 2 ms a round here, which plain decoding pays every token and a speculative round once for its
+block). Between each speculative gateway and the drafter sits a delay relay
+(``tandem.bench.delay_relay``, pinned with the drafter: the drafter's link) adding half of the round
+trip in each direction; one gateway per added round trip (``--delays``, default 0, 5 and 20 ms; 0 still
+goes through a relay). Modes, interleaved prompt by prompt over gRPC:
 
 * ``plain``: plain decoding (``no_speculation``) on the verifier's CPU alone: the baseline;
 * ``lookup-only``: a gateway started ``--lookup-only``: no drafter node, blocks copied by prompt
