@@ -91,7 +91,8 @@ def configure(p) -> None:
     flag(g, "delays", "0,5,20", help="--two-machine: added round trips between gateway and drafter, in ms")
     flag(g, "two-machine-verifier", "local", choices=("local", "shared"), help="--two-machine: 'local' loads the "
          "target in each gateway's process, as tandem up runs it on the target's box; 'shared' runs one verifier "
-         "process that every gateway calls over gRPC (a hop each round that tandem up does not have)")
+         "process that every gateway calls over gRPC, as deploy/TWO_MACHINES.md's recipe runs it (a hop each round "
+         "that tandem up does not have)")
     flag(g, "two-machine-k", "", help="--two-machine: pinned draft lengths run beside auto on the first drafter "
          "node (its auto mode's gateway and drafter), e.g. 1,2: whether the k policy leaves speed on the table")
     flag(g, "two-machine-variants", "no-ahead", help="--two-machine: comma-separated variants of the first drafter "
