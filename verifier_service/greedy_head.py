@@ -42,13 +42,14 @@ def applies(head) -> bool:
             and blocks.x8 is None)
 
 
-def row_l1(blocks: QuantWeight, step: int = 8192) -> np.ndarray:
+def row_l1(blocks: QuantWeight, step: int = 1024) -> np.ndarray:
     """sum_j |w_oj| of each row of ``blocks``, the weights as the kernels rebuild them, as float32 rounded up:
-    the bound's factor (kernels/head_bound.h)."""
+    the bound's factor (kernels/head_bound.h). ``step`` rows at a time: a few MB of scratch, not a share of the
+    head's fp32 size on top of the verifier's peak memory."""
     out = np.empty(blocks.out, dtype=np.float32)
     for o in range(0, blocks.out, step):
         ids = np.arange(o, min(o + step, blocks.out))
-        exact = blocks.rows(ids).abs().sum(dim=1, dtype=torch.float64).numpy()   # float64: exact enough
+        exact = blocks.rows(ids).abs_().sum(dim=1, dtype=torch.float64).numpy()   # float64: exact enough
         f = exact.astype(np.float32)
         out[ids] = np.where(f < exact, np.nextafter(f, np.float32(np.inf)), f)
     return out

@@ -141,6 +141,7 @@ class Target(TargetModel):
         self.warmup_s = time.perf_counter() - t_warm
         if warmup:
             self.phases["measuring widths"] = self.warmup_s
+        release_freed_memory()
 
     def _default_prefill_chunk(self, measure: bool = True) -> int:
         """``prefill_chunk`` -1: EXACT_PREFILL_CHUNK tokens where every layer's linear runs int8 on an x8 copy
@@ -482,6 +483,23 @@ class Target(TargetModel):
             if self.prefix_cache is not None and tokens and session.cache is not None:
                 self.prefix_cache.put(tokens, session.cache.kv, session.cache_salt)
         return session is not None
+
+
+def release_freed_memory() -> None:
+    """Hands the C heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere nothing). Packing
+    and the start-up forwards free tens of MB (scratch, the probe sessions' caches) that glibc would keep
+    mapped in the arenas of the threads that used them: the verifier's resident memory is what a user sizes
+    a machine by (BENCHMARKS.md, thirty-sixth session)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
 
 
 def _settle(future: concurrent.futures.Future, result=None, error: BaseException | None = None) -> None:
