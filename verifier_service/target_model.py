@@ -33,7 +33,7 @@ from tandem.types import ModelInfo, SamplingParams
 from verifier_service import fast_linear, static_decoder, torch_thread
 from verifier_service.decoder import Decoder
 from verifier_service.info import TokenizerInfo
-from verifier_service.kv_cache import TargetSession
+from verifier_service.kv_cache import CACHE_STEP, TargetSession
 
 log = logging.getLogger(__name__)
 
@@ -201,10 +201,14 @@ class TargetModel:
 
     def warmup(self, widths: Iterable[int] | None = None, repeats: int = 3, context: int = 256) -> dict[int, float]:
         """Runs ``repeats`` forwards at each block width after a ``context``-token prefill (a scratch session,
-        never stored), interleaving widths; returns and keeps {width: median ms} as the cost table."""
+        never stored), interleaving widths; returns and keeps {width: median ms} as the cost table. The context
+        stays within a new cache's first allocation where it can: growing it copies the cache, the verifier's
+        peak memory at start-up (20-35 MB)."""
         widths = sorted({int(w) for w in (widths or self.widths)})
         if not widths:
             return self.cost_table()
+        if widths[-1] < CACHE_STEP // 2:
+            context = min(int(context), CACHE_STEP - widths[-1])
         context = max(1, min(int(context), self.info.max_context - widths[-1] - 1))
         ids = self._probe_ids(context + widths[-1])
         session = self._scratch_session("__warmup__")
