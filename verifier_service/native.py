@@ -61,6 +61,7 @@ REQUIRED_CPU_FLAGS = {"generic": set(), "avx2": {"avx2", "fma", "f16c"},
 # `rep stosq` memset per output row (204 672 calls a forward: +20 % at width 8, measured)
 CFLAGS = ("-O3", "-fno-tree-loop-distribute-patterns", "-ffp-contract=off", "-fopenmp", "-fPIC")
 ABI = 3
+STALE_BUILD_DAYS = 14          # builds of other kernel sources not loaded this long are removed from the cache
 HEAD_BOUND_ISAS = ("avx2", "generic")          # kernels/head_bound_<isa>.c (avx512 runs avx2's: 256-bit integer sums)
 X8_ISAS = ("avx2", "avx512", "avx512vnni")      # ISAs with the int8 GEMM on 8 interleaved weight rows (kernels/gemm_q8x8_x86.h)
 
@@ -112,6 +113,26 @@ def isa() -> str:
 def _cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "tandem"
+
+
+def prune_stale_builds(keep: Path, days: float = STALE_BUILD_DAYS) -> list[Path]:
+    """Removes the kernel builds beside ``keep`` (other ``tandem_kernels-*.so``: other sources, flags or torch)
+    that no process has loaded for ``days`` (every load touches its file), and returns them. Each upgrade
+    builds a new library of ~1.4 MB; without this the cache keeps every one. A build still in use elsewhere
+    (another install sharing the cache) is touched on its every load, so it stays; one removed is rebuilt
+    on its next start. Errors are ignored: a cache left as it was is harmless."""
+    import time
+
+    cutoff = time.time() - days * 86400.0
+    removed = []
+    for old in keep.parent.glob("tandem_kernels-*.so"):
+        try:
+            if old != keep and old.stat().st_mtime < cutoff:
+                old.unlink()
+                removed.append(old)
+        except OSError:
+            continue
+    return removed
 
 
 def _compile(cc: str, out_dir: Path) -> list[Path] | str:
@@ -236,6 +257,11 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     if lib.tq_abi() != ABI:
         return None, "the C kernels' ABI does not match"
     _declare(lib)
+    try:
+        os.utime(target)            # this build is in use (prune_stale_builds)
+    except OSError:
+        pass
+    prune_stale_builds(target)
     return lib, ""
 
 

@@ -40,3 +40,20 @@ def test_torch_ops_and_c_ops_agree(tmp_path):
         outs.append(torch.cat(rows))
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
     assert outs[0].argmax(-1).tolist() == outs[1].argmax(-1).tolist()
+
+
+def test_stale_kernel_builds_are_pruned_from_the_cache(tmp_path):
+    """Each upgrade builds a new kernel library: builds of other sources unused for two weeks go, the one in
+    use and recently used ones (another install sharing the cache) stay, and so do other files."""
+    import os
+    import time
+
+    now = time.time()
+    keep, stale, recent = (tmp_path / f"tandem_kernels-{n}.so" for n in ("a" * 16, "b" * 16, "c" * 16))
+    other = tmp_path / "gemma.gguf"
+    for path, age_days in ((keep, 30), (stale, 15), (recent, 1), (other, 400)):
+        path.write_bytes(b"x")
+        os.utime(path, (now - age_days * 86400, now - age_days * 86400))
+    removed = native.prune_stale_builds(keep)
+    assert removed == [stale]
+    assert keep.exists() and recent.exists() and other.exists() and not stale.exists()
