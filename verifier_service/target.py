@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from tandem import phases as loading, telemetry
+from tandem.memory import release_freed_memory
 from tandem.draft_checks import check_draft, check_ids
 from tandem.sessions import SessionStore, check_session_id
 from tandem.types import DraftToken, SamplingParams, VerifyOutcome
@@ -483,23 +484,6 @@ class Target(TargetModel):
             if self.prefix_cache is not None and tokens and session.cache is not None:
                 self.prefix_cache.put(tokens, session.cache.kv, session.cache_salt)
         return session is not None
-
-
-def release_freed_memory() -> None:
-    """Hands the C heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere nothing). Packing
-    and the start-up forwards free tens of MB (scratch, the probe sessions' caches) that glibc would keep
-    mapped in the arenas of the threads that used them: the verifier's resident memory is what a user sizes
-    a machine by (BENCHMARKS.md, thirty-sixth session)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim.argtypes = [ctypes.c_size_t]
-    trim(0)
 
 
 def _settle(future: concurrent.futures.Future, result=None, error: BaseException | None = None) -> None:
