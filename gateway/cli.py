@@ -152,9 +152,10 @@ async def run(args) -> int:
 
 async def _local_verifier(args):
     """``--verifier local``: the target loaded here as serve-verifier loads it (its start-up line says how)."""
-    from gateway.local_verifier import LocalVerifier
+    from gateway.local_verifier import LocalVerifier, build_tokenizer_first
     from verifier_service.cli import load_target
 
+    build_tokenizer_first(args.target)      # its parse's memory freed before the target's is taken
     verifier = LocalVerifier(await load_target(args))
     verifier.keep_house()
     return verifier

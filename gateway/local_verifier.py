@@ -13,6 +13,7 @@ errors keep their meaning: each is raised as the domain error its status code wo
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Sequence
 
@@ -21,6 +22,29 @@ from tandem.types import DraftToken, SamplingParams, TargetInfo, VerifyOutcome
 
 log = logging.getLogger(__name__)
 NAME = "verifier (in this process)"
+
+
+def build_tokenizer_first(spec: str) -> bool:
+    """For a GGUF target: builds the gateway's tokenizer from the file's converted tokenizer (the JSON the
+    verifier will send) before the target loads, while the process is small (``engine.build_tokenizer_ahead``:
+    why). True if built; anything else (another kind of target, a conversion that fails here) is left to the
+    usual order, where the target's loading reports it."""
+    from gateway.engine import build_tokenizer_ahead
+    from tandem.models import resolve
+    from verifier_service.gguf_model import INFO_FILE, WIRE_FILE, tokenizer_dir
+
+    try:
+        loc = resolve(spec)
+        if not loc.gguf_file:
+            return False
+        folder = tokenizer_dir(loc.directory / loc.gguf_file)
+        meta = json.loads((folder / INFO_FILE).read_text())
+        text = (folder / WIRE_FILE).read_bytes().decode("ascii")
+    except Exception as e:      # noqa: BLE001 - an optimisation: the target's own load says what is wrong
+        log.debug("tokenizer not built ahead of the target: %s", e)
+        return False
+    build_tokenizer_ahead(text, meta["bos_token"], meta["eos_token"])
+    return True
 
 
 class LocalVerifier:

@@ -5,6 +5,7 @@ gateway's, and every error the gateway decides on raised as the domain error its
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import urllib.request
 
 import httpx
@@ -150,3 +151,26 @@ def test_the_targets_spans_join_the_gateways_trace(tiny_file, tmp_path):
     assert len(rounds) == reply.stats.rounds > 0
     assert len(forwards) == reply.stats.rounds + 1                           # the prefill's, then one a round
     assert all(by_id[f["parent_id"]]["name"] in ("round", "prefill") for f in forwards)
+
+
+def test_the_tokenizer_built_before_the_target_is_the_one_the_gateway_uses(tiny_file, tmp_path):
+    """With the target in the gateway's process, the tokenizer is parsed before the target loads (its parse's
+    memory is then not on top of the target's); the gateway takes that tokenizer only for the same JSON and
+    special tokens, and one built for another JSON is dropped, never used."""
+    from gateway import engine
+    from gateway.local_verifier import LocalVerifier, build_tokenizer_first
+    from verifier_service.target import Target
+
+    assert build_tokenizer_first(str(tiny_file))
+    assert not build_tokenizer_first(str(tmp_path))           # not a GGUF file: left to the usual order
+    (ahead,) = engine._BUILT_AHEAD.values()
+    info = asyncio.run(LocalVerifier(Target.load(str(tiny_file), warmup=False)).get_info())
+    tok = engine.build_tokenizer(info)
+    assert tok is ahead and not engine._BUILT_AHEAD
+    assert tok.chat_template == info.chat_template and tok.eos_token == info.eos_token
+    fresh = engine.build_tokenizer(info)                      # nothing ahead any more: built from the JSON
+    assert fresh is not tok and fresh("Name three rivers.").input_ids == tok("Name three rivers.").input_ids
+
+    assert build_tokenizer_first(str(tiny_file))
+    other = dataclasses.replace(info, eos_token=info.bos_token or "<other>")
+    assert engine.build_tokenizer(other) is not ahead and not engine._BUILT_AHEAD
