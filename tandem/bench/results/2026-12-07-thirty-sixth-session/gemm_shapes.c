@@ -1,0 +1,31 @@
+/* fp32 GEMM shapes against an FMA-only loop, 1 thread: gcc -O3 -march=native -DNR=6 gemm_shapes.c && taskset -c 1 ./a.out
+   (the block kernels keep one FMA chain per row and column; this asks what the load pattern allows on this core) */
+#include <immintrin.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+static double now(){struct timespec t;clock_gettime(CLOCK_THREAD_CPUTIME_ID,&t);return t.tv_sec+t.tv_nsec*1e-9;}
+#define K 576
+#ifndef NCOL
+#define NCOL 256
+#endif
+#ifndef NR
+#define NR 6
+#endif
+__attribute__((noinline)) void kA(const float*W,const float*x,float*y){
+  for(int o=0;o<NCOL;o++){ const float*w=W+(size_t)o*K;
+    __m512 lo[NR],hi[NR]; for(int r=0;r<NR;r++){lo[r]=_mm512_setzero_ps();hi[r]=_mm512_setzero_ps();}
+    for(int c=0;c<K;c+=32){ __m512 wl=_mm512_loadu_ps(w+c), wh=_mm512_loadu_ps(w+c+16);
+      for(int r=0;r<NR;r++){ lo[r]=_mm512_fmadd_ps(wl,_mm512_loadu_ps(x+r*K+c),lo[r]); hi[r]=_mm512_fmadd_ps(wh,_mm512_loadu_ps(x+r*K+c+16),hi[r]); } }
+    for(int r=0;r<NR;r++) y[r*NCOL+o]=_mm512_reduce_add_ps(_mm512_add_ps(lo[r],hi[r])); } }
+__attribute__((noinline)) void kY(const float*W,const float*x,float*y){
+  for(int o=0;o<NCOL;o++){ const float*w=W+(size_t)o*K;
+    __m256 a[NR][4]; for(int r=0;r<NR;r++)for(int k=0;k<4;k++)a[r][k]=_mm256_setzero_ps();
+    for(int c=0;c<K;c+=32){ __m256 w0=_mm256_loadu_ps(w+c),w1=_mm256_loadu_ps(w+c+8),w2=_mm256_loadu_ps(w+c+16),w3=_mm256_loadu_ps(w+c+24);
+      for(int r=0;r<NR;r++){ const float*xr=x+r*K+c; a[r][0]=_mm256_fmadd_ps(w0,_mm256_loadu_ps(xr),a[r][0]); a[r][1]=_mm256_fmadd_ps(w1,_mm256_loadu_ps(xr+8),a[r][1]); a[r][2]=_mm256_fmadd_ps(w2,_mm256_loadu_ps(xr+16),a[r][2]); a[r][3]=_mm256_fmadd_ps(w3,_mm256_loadu_ps(xr+24),a[r][3]);} }
+    for(int r=0;r<NR;r++){ __m256 s=_mm256_add_ps(_mm256_add_ps(a[r][0],a[r][1]),_mm256_add_ps(a[r][2],a[r][3])); __m128 q=_mm_add_ps(_mm256_castps256_ps128(s),_mm256_extractf128_ps(s,1)); q=_mm_hadd_ps(q,q); q=_mm_hadd_ps(q,q); y[r*NCOL+o]=_mm_cvtss_f32(q);} } }
+int main(){ float*W=aligned_alloc(64,sizeof(float)*K*NCOL),*x=aligned_alloc(64,sizeof(float)*K*8),*y=aligned_alloc(64,sizeof(float)*8*NCOL);
+  for(size_t i=0;i<(size_t)K*NCOL;i++)W[i]=(rand()%100)/100.f; for(int i=0;i<K*8;i++)x[i]=(rand()%100)/100.f;
+  void(*f[2])(const float*,const float*,float*)={kA,kY}; const char*n[2]={"A zmm","Y ymm"};
+  for(int rep=0;rep<3;rep++) for(int k=0;k<2;k++){ double best=1e9; for(int it=0;it<50;it++){double t=now(); f[k](W,x,y); t=now()-t; if(t<best)best=t;}
+    printf("%s x%d: %.4f ms, %.1f GFLOP/s\n",n[k],NR,best*1e3, 2.0*K*NCOL*NR/best/1e9);} }
