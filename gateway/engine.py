@@ -91,7 +91,8 @@ def build_tokenizer_ahead(tokenizer_json: str, bos_token: str, eos_token: str) -
     """Builds the tokenizer a later ``build_tokenizer`` with this JSON and these special tokens returns. Parsing a
     262 k vocabulary's JSON holds ~420 MB for a moment: a gateway that loads the target in its own process
     (``--verifier local``) builds it first, while the process is small, so that moment is not on top of the
-    target's memory (Gemma 3 270M: the process's peak 1 015 -> ~700 MB, BENCHMARKS.md, thirty-sixth session)."""
+    target's memory (Gemma 3 270M under tandem up: the process's peak 1 043 -> 770 MB, BENCHMARKS.md, thirty-sixth
+    session)."""
     _BUILT_AHEAD[_tokenizer_key(tokenizer_json, bos_token, eos_token)] = _tokenizer_from_json(
         tokenizer_json, bos_token, eos_token)
 

@@ -3,7 +3,7 @@
 glibc keeps what a program frees in its heap and in the arenas of the threads that freed it, to serve later
 allocations; the resident memory a user sizes a machine by stays at the high-water mark of a start-up step
 that is over. Two such steps free hundreds of MB: building a tokenizer from its JSON (Gemma 3's 262 k
-vocabulary: ~390 MB parsed and freed against ~100 MB kept) and the verifier's packing and start-up forwards
+vocabulary: ~420 MB at the peak of its parse, ~100 MB kept) and the verifier's packing and start-up forwards
 (BENCHMARKS.md, thirty-sixth session). ``release_freed_memory`` runs after each.
 """
 
