@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,7 @@ FALLBACK_CHAT_TEMPLATES = {
 }
 INFO_FILE = "tandem_tokenizer.json"      # beside the converted tokenizer: what the verifier needs of it
 WIRE_FILE = "tokenizer.wire.json"        # the tokenizer JSON as the verifier sends it to a gateway
+SOURCE_FILE = "source.json"              # the GGUF file (path, size, mtime) a cached conversion was made from
 # Tokens that end a turn besides the file's EOS, by family (llama.cpp treats them as end of generation).
 END_OF_TURN_TOKENS = {"gemma3": ("<end_of_turn>",)}
 
@@ -175,12 +177,15 @@ def tokenizer_dir(path: str | os.PathLike) -> Path:
     if (out / INFO_FILE).exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    prune_tokenizer_cache(out.parent)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         cmd = [sys.executable, "-m", "verifier_service.gguf_model", str(path), tmp]
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"converting the tokenizer of {path.name} failed: {proc.stderr.strip()[-600:]}")
+        (Path(tmp) / SOURCE_FILE).write_text(json.dumps({"path": str(path), "size": st.st_size,
+                                                          "mtime_ns": st.st_mtime_ns}))
         try:
             os.replace(tmp, out)
         except OSError:           # another process made it first
@@ -188,6 +193,31 @@ def tokenizer_dir(path: str | os.PathLike) -> Path:
                 raise
         os.makedirs(tmp, exist_ok=True)           # TemporaryDirectory's cleanup expects it
     return out
+
+
+def prune_tokenizer_cache(root: Path) -> list[Path]:
+    """Removes the cached conversions whose GGUF file is gone or has changed (its recorded size or modification
+    time differ), and returns them: their key can never be asked for again, and a 262 k vocabulary's takes
+    ~50 MB. Run before each new conversion (a file moved, replaced or deleted is what makes one). Entries
+    without a record (made before records were kept) stay."""
+    removed = []
+    for entry in root.glob("*-*"):
+        try:
+            source = json.loads((entry / SOURCE_FILE).read_text())
+            recorded = (source["path"], source["size"], source["mtime_ns"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue                  # no record (an older entry, or one being made): kept
+        try:
+            st = os.stat(recorded[0])
+            if (st.st_size, st.st_mtime_ns) == recorded[1:]:
+                continue
+        except FileNotFoundError:
+            pass
+        except OSError:
+            continue                  # cannot tell now (permissions): kept
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
 
 
 def eos_token_ids(file: GgufFile, tokenizer) -> tuple[int, ...]:

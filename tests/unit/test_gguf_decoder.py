@@ -384,3 +384,35 @@ def test_fp32_prompt_chunks_are_row_exact_where_the_start_up_timing_finds_them_c
     # without the start-up measurements nothing is timed: the wide chunks, as before
     timed.clear()
     assert tiny_target(path, prefill_chunk=-1).prefill_chunk == 256 and not timed
+
+
+def test_tokenizer_conversions_of_files_gone_or_changed_leave_the_cache(tmp_path, monkeypatch):
+    """Each GGUF file's converted tokenizer is cached by its path, size and modification time (a 262 k
+    vocabulary's takes ~50 MB); a conversion made for a file since deleted or replaced can never be used
+    again, and goes when the next conversion is made. The live file's stays, and so does an entry without a
+    record of its file."""
+    import json
+    import shutil
+
+    from tiny_models import tiny_served_gguf
+    from verifier_service.gguf_model import SOURCE_FILE, tokenizer_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    kept = tiny_served_gguf(tmp_path / "kept.gguf")
+    entry = tokenizer_dir(kept)
+    source = json.loads((entry / SOURCE_FILE).read_text())
+    assert source["path"] == str(kept.resolve()) and source["size"] == kept.stat().st_size
+    others = {}
+    for name, change in (("deleted", {"path": str(tmp_path / "gone.gguf")}), ("replaced", {"size": 1}),
+                         ("unrecorded", None)):
+        others[name] = entry.parent / f"{name}-0123456789abcdef"
+        shutil.copytree(entry, others[name])
+        if change is None:
+            (others[name] / SOURCE_FILE).unlink()
+        else:
+            (others[name] / SOURCE_FILE).write_text(json.dumps({**source, **change}))
+    shutil.copy(kept, tmp_path / "new.gguf")
+    tokenizer_dir(tmp_path / "new.gguf")                   # a new conversion prunes
+    assert entry.exists() and others["unrecorded"].exists()
+    assert not others["deleted"].exists() and not others["replaced"].exists()
+    assert tokenizer_dir(kept) == entry
