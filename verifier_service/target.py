@@ -354,6 +354,10 @@ class Target(TargetModel):
             if work.prefix is not None:                 # the prompt's first ``done`` tokens, from the prefix cache
                 work.session.cache.load_prefix(work.prefix.kv, work.done, len(work.prompt_ids) + 1)
                 work.prefix = None
+            elif hasattr(work.session.cache, "reserve"):
+                # room for the whole prompt at once: grown chunk by chunk, the cache would be copied at each
+                # doubling, old and new resident together (an 800-token prompt: two copies, 24 MB at once)
+                work.session.cache.reserve(len(work.prompt_ids) + 1)
         return work, list(work.prompt_ids[work.done:work.done + n])
 
     def _prefilled(self, work: PrefillWork, n: int, logits: torch.Tensor) -> None:
