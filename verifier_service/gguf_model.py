@@ -153,12 +153,27 @@ class GgufModel:
         """What the verifier needs of the tokenizer, from the cached conversion (no tokenizer object)."""
         folder = tokenizer_dir(self.path)
         meta = json.loads((folder / INFO_FILE).read_text())
-        path = folder / WIRE_FILE
+        # kept open, read when asked: if a later conversion prunes this entry (its GGUF file replaced while
+        # this process serves the old one: prune_tokenizer_cache), the open file still reads
+        wire = open(folder / WIRE_FILE, "rb")  # noqa: SIM115 - lives as long as the TokenizerInfo
+        size = os.fstat(wire.fileno()).st_size
         return TokenizerInfo(meta["vocab_hash"], meta["chat_template"], meta["bos_token"], meta["eos_token"],
-                             tuple(meta["eos_token_ids"]), lambda: path.read_bytes().decode("ascii"))
+                             tuple(meta["eos_token_ids"]), lambda: _read_whole(wire, size).decode("ascii"))
 
     def describe(self) -> str:
         return f"{self.architecture}, {'/'.join(self.kinds())} blocks, {self.size / 1e6:.0f} MB mapped"
+
+
+def _read_whole(f, size: int) -> bytes:
+    """The first ``size`` bytes of the open file ``f``, whoever else reads it (``os.pread``: no shared offset)."""
+    parts, at = [], 0
+    while at < size:
+        part = os.pread(f.fileno(), size - at, at)
+        if not part:
+            raise OSError(f"{f.name}: {size} bytes expected, {at} read")
+        parts.append(part)
+        at += len(part)
+    return b"".join(parts)
 
 
 def _cache_root() -> Path:

@@ -416,3 +416,8 @@ def test_tokenizer_conversions_of_files_gone_or_changed_leave_the_cache(tmp_path
     assert entry.exists() and others["unrecorded"].exists()
     assert not others["deleted"].exists() and not others["replaced"].exists()
     assert tokenizer_dir(kept) == entry
+
+    info = GgufModel(kept).tokenizer_info()                # a verifier serving the file when its entry goes
+    wire = info.json()
+    shutil.rmtree(entry)
+    assert info.json() == wire and json.loads(wire)["model"]["type"]
