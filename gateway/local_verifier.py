@@ -13,7 +13,6 @@ errors keep their meaning: each is raised as the domain error its status code wo
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Sequence
 
@@ -31,19 +30,18 @@ def build_tokenizer_first(spec: str) -> bool:
     usual order, where the target's loading reports it."""
     from gateway.engine import build_tokenizer_ahead
     from tandem.models import resolve
-    from verifier_service.gguf_model import INFO_FILE, WIRE_FILE, tokenizer_dir
+    from verifier_service.gguf_model import converted_tokenizer_info
 
     try:
         loc = resolve(spec)
         if not loc.gguf_file:
             return False
-        folder = tokenizer_dir(loc.directory / loc.gguf_file)
-        meta = json.loads((folder / INFO_FILE).read_text())
-        text = (folder / WIRE_FILE).read_bytes().decode("ascii")
+        info = converted_tokenizer_info(loc.directory / loc.gguf_file)
+        text = info.json()
     except Exception as e:      # noqa: BLE001 - an optimisation: the target's own load says what is wrong
         log.debug("tokenizer not built ahead of the target: %s", e)
         return False
-    build_tokenizer_ahead(text, meta["bos_token"], meta["eos_token"])
+    build_tokenizer_ahead(text, info.bos_token, info.eos_token)
     return True
 
 

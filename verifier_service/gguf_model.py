@@ -151,17 +151,23 @@ class GgufModel:
 
     def tokenizer_info(self) -> TokenizerInfo:
         """What the verifier needs of the tokenizer, from the cached conversion (no tokenizer object)."""
-        folder = tokenizer_dir(self.path)
-        meta = json.loads((folder / INFO_FILE).read_text())
-        # kept open, read when asked: if a later conversion prunes this entry (its GGUF file replaced while
-        # this process serves the old one: prune_tokenizer_cache), the open file still reads
-        wire = open(folder / WIRE_FILE, "rb")  # noqa: SIM115 - lives as long as the TokenizerInfo
-        size = os.fstat(wire.fileno()).st_size
-        return TokenizerInfo(meta["vocab_hash"], meta["chat_template"], meta["bos_token"], meta["eos_token"],
-                             tuple(meta["eos_token_ids"]), lambda: _read_whole(wire, size).decode("ascii"))
+        return converted_tokenizer_info(self.path)
 
     def describe(self) -> str:
         return f"{self.architecture}, {'/'.join(self.kinds())} blocks, {self.size / 1e6:.0f} MB mapped"
+
+
+def converted_tokenizer_info(path: str | os.PathLike) -> TokenizerInfo:
+    """What a verifier needs of a GGUF file's tokenizer, from its cached conversion (``tokenizer_dir``), without
+    opening the model or building a tokenizer object."""
+    folder = tokenizer_dir(path)
+    meta = json.loads((folder / INFO_FILE).read_text())
+    # kept open, read when asked: if a later conversion prunes this entry (its GGUF file replaced while this
+    # process serves the old one: prune_tokenizer_cache), the open file still reads
+    wire = open(folder / WIRE_FILE, "rb")  # noqa: SIM115 - lives as long as the TokenizerInfo
+    size = os.fstat(wire.fileno()).st_size
+    return TokenizerInfo(meta["vocab_hash"], meta["chat_template"], meta["bos_token"], meta["eos_token"],
+                         tuple(meta["eos_token_ids"]), lambda: _read_whole(wire, size).decode("ascii"))
 
 
 def _read_whole(f, size: int) -> bytes:

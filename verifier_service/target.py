@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from tandem import phases as loading, telemetry
-from tandem.memory import release_freed_memory
 from tandem.draft_checks import check_draft, check_ids
+from tandem.memory import release_freed_memory
 from tandem.sessions import SessionStore, check_session_id
 from tandem.types import DraftToken, SamplingParams, VerifyOutcome
 from verifier_service import torch_thread
