@@ -53,9 +53,10 @@ def configure(p):
          "would slow the forward it overlaps)", cast=bool)
     flag(p, "drafter-threads", 1, int, help="ONNX Runtime threads of the drafter")
     flag(p, "verifier-threads", 0, int, help="torch threads of the verifier (0: torch's default)")
-    flag(p, "activations", "fp32", help="the verifier's arithmetic on a GGUF file's blocks: 'fp32' (agrees with "
-         "transformers to fp32 rounding) or 'int8' (llama.cpp's: activations rounded to int8, faster); speculative "
-         "output equals plain decoding either way (see tandem-verifier --help)")
+    flag(p, "activations", "auto", help="the verifier's arithmetic on a GGUF file's blocks: 'fp32' (agrees with "
+         "transformers to fp32 rounding), 'int8' (llama.cpp's: activations rounded to int8, faster) or 'auto' (int8 "
+         "where most of the layers are 5-bit or K-quant blocks, which fp32 rebuilds slowly; else fp32); speculative "
+         "output equals plain decoding either way (see tandem serve-verifier --help)")
     flag(p, "separate-verifier", help="run the verifier as a service of its own, reached over gRPC as on two "
          "machines, instead of in the gateway's process (the default: no gRPC hop between them, less CPU a token; "
          "AMD EPYC, 2 CPUs: plain decoding +17 %% for one client, +24 %% for four, BENCHMARKS.md)", cast=bool)

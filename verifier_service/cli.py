@@ -42,12 +42,14 @@ def model_flags(p) -> None:
          "the x8 GEMM's path timed at start per weight type and row count, the same bits on every path), or force one: "
          "'avx512vnni' (avx512 with the int8 GEMM on VNNI: the same bits), 'avx512', 'avx2', 'generic' (plain C, any "
          "CPU); a CPU that lacks it is an error")
-    flag(p, "activations", "fp32", help="how the C kernels multiply a GGUF file's quantized blocks: 'fp32' (the "
+    flag(p, "activations", "auto", help="how the C kernels multiply a GGUF file's quantized blocks: 'fp32' (the "
          "weights rebuilt exactly and multiplied in fp32: agrees with transformers' forward of the file to fp32 "
-         "rounding) or 'int8' (each row of activations rounded to int8 per 32 values and multiplied in integers, as "
+         "rounding), 'int8' (each row of activations rounded to int8 per 32 values and multiplied in integers, as "
          "llama.cpp does: on Zen 3 the forward 20-40 %% faster; the text is the int8 model's: greedy output parted "
-         "from fp32's on 12 of 13 bench prompts). Either way plain steps and verify blocks compute every row alike: speculative "
-         "output stays the target's own")
+         "from fp32's on 12 of 13 bench prompts) or 'auto' (int8 where most of the layers' weights are 5-bit or "
+         "K-quant blocks, Q5_0/Q5_1/Q4_K/Q5_K/Q6_K, which fp32 rebuilds at half int8's pace or less; else fp32: "
+         "chosen from the file, so the same on every start; the start-up line says which). Either way plain steps "
+         "and verify blocks compute every row alike: speculative output stays the target's own")
     flag(p, "prefill-chunk", -1, int, help="prompt tokens per prefill forward: other sessions' steps run between "
          "chunks (sharing the machine about equally with them, so a chunk is the longest stall a long prompt puts "
          "on them), and a cancelled request stops at the next one (0: the whole prompt at once; -1: 32 where "

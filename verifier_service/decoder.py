@@ -142,10 +142,12 @@ class Decoder:
 
     def __init__(self, spec: DecoderSpec, weights: DecoderWeights, ops: TorchOps, *, exact_rows: bool = True,
                  gemm: str = "auto", widths: Sequence[int] = range(1, 10), rope: RopeTables | None = None,
-                 native_layers: bool = True):
+                 native_layers: bool = True, activations_note: str = ""):
         """``gemm``: the kernels for the dense (fp32) weights, as ``fast_linear.configure`` takes it ("auto"
         measures oneDNN against MKL; block weights always run their C kernel). ``native_layers``: run the
-        layer loop as one C call where the model allows (``native_layers.NativeLayers``; same bits)."""
+        layer loop as one C call where the model allows (``native_layers.NativeLayers``; same bits).
+        ``activations_note``: why the blocks' arithmetic is what it is, for the start-up line (``--activations
+        auto``: ``activation_choice``)."""
         self.spec, self.weights, self.ops = spec, weights, ops
         self.exact_rows = bool(exact_rows)
         self.rope = rope or RopeTables(spec)
@@ -153,8 +155,10 @@ class Decoder:
         self.gemm, self.gemm_note, self.gemm_choice = "blocks", "the file's blocks", None
         arithmetic = {m.blocks.activations for m in self.linears.modules() if hasattr(m, "blocks")}
         if arithmetic:
-            self.gemm_note += (", int8 activations (llama.cpp's arithmetic: --activations)" if "int8" in arithmetic
-                               else ", fp32 activations")
+            if "int8" in arithmetic:
+                self.gemm_note += f", int8 activations (llama.cpp's arithmetic; {activations_note or '--activations'})"
+            else:
+                self.gemm_note += f", fp32 activations ({activations_note})" if activations_note else ", fp32 activations"
         scaled = sorted({m.blocks.kind for m in self.linears.modules()
                          if hasattr(m, "blocks") and m.blocks.scaled is not None})
         if scaled:

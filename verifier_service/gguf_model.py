@@ -62,6 +62,7 @@ class GgufModel:
         self.architecture = str(self.file.get("general.architecture", "?"))
         self.spec: DecoderSpec | None = None
         self.unsupported = ""
+        self.activations_note = ""      # why --activations auto chose what it did (activation_choice.settle)
         try:
             self.spec = from_gguf(self.file)
         except UnsupportedModel as e:
@@ -140,7 +141,7 @@ class GgufModel:
         if self.spec is None:
             raise UnsupportedModel(self.unsupported)
         return Decoder(self.spec, self.load_weights(), backend(native_ops), exact_rows=exact_rows, gemm=gemm,
-                       widths=widths)
+                       widths=widths, activations_note=self.activations_note)
 
     # ---- tokenizer and special tokens ----------------------------------------------------------------
     def tokenizer(self):

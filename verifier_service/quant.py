@@ -12,7 +12,8 @@ memory-mapped). Kinds: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
 
 Both use the ISA ``native.isa()`` picks (``TANDEM_ISA`` / ``--isa`` forces one), or the one passed as ``isa``.
 
-Activations (``TANDEM_ACTIVATIONS`` / the verifier's ``--activations``, or ``activations=``): 'fp32' (default:
+Activations (``TANDEM_ACTIVATIONS`` / the verifier's ``--activations``, or ``activations=``): 'fp32' (the
+default of a weight on its own; the verifier's 'auto' picks one of the two per file: ``activation_choice``):
 the rebuilt weights times x in fp32, agreeing with transformers' forward of the file to fp32 rounding) or
 'int8': x rounded to int8 per 32 values and multiplied in integers, llama.cpp's arithmetic for quantized
 weights (kernels/gemm_q8.h; the forward 20-40 % faster on Zen 3; each value of x moves by up to half a
@@ -42,14 +43,16 @@ INT8_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")   
 X8_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")   # int8 also on 8 interleaved weight rows (kernels/gemm_q8x8_x86.h)
 SCALED_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")   # fp32 also with fp32 scales (kernels/quants.h, TQ_SCALED)
 SCALED = 256                                               # kernels/quants.h: TQ_SCALED + a kind = its scaled form
-ACTIVATIONS = ("fp32", "int8")
+AUTO = "auto"               # the verifier's default: chosen per file (activation_choice), fp32 for a lone weight
+ACTIVATIONS = ("fp32", "int8", AUTO)
 ACTIVATIONS_ENV = "TANDEM_ACTIVATIONS"
 CHUNK = 32   # every row is whole 32-weight chunks (and whole blocks of its kind)
 
 
 def activation_mode(value: str | None = None) -> str:
-    """The activation arithmetic: ``value``, else ``TANDEM_ACTIVATIONS``, else 'fp32'. ValueError naming the
-    flag for anything else."""
+    """The activation arithmetic asked for: ``value``, else ``TANDEM_ACTIVATIONS``, else 'fp32'; 'auto' as asked
+    (``activation_choice.settle`` turns it into one of the two for a GGUF target before its weights load).
+    ValueError naming the flag for anything else."""
     import os
 
     chosen = (value if value is not None else os.environ.get(ACTIVATIONS_ENV, "")).strip().lower() or "fp32"
@@ -124,7 +127,7 @@ class QuantWeight:
         self._kernels = native.kernels(isa)
         self.isa, self._isa_asked = self._kernels.isa, isa      # asked None: the x8 GEMM may be picked (x8_pick)
         self._w, self._ldw = raw.ctypes.data, raw.strides[0]
-        asked = activation_mode(activations)
+        asked = activation_mode(activations)        # 'auto' unsettled (a weight loaded on its own): fp32
         self.activations = "int8" if asked == "int8" and self.kind in INT8_KINDS else "fp32"
         self._gemm = self._kernels.gemm_q8 if self.activations == "int8" else self._kernels.gemm
         self.x8 = None            # the x8 copy (int8, X8_KINDS, out % 8 == 0, an x86 path): same bits, faster

@@ -180,6 +180,9 @@ class TargetModel:
             elif gguf.unsupported:
                 reason = f"{gguf.unsupported}, not on the GGUF fast path"
             if not reason:
+                from verifier_service.activation_choice import settle
+
+                gguf.activations_note = settle(gguf.file.tensors)     # before any weight loads
                 print(f"[tandem] loading {loc.name} from {gguf.path} (GGUF fast path) ...", file=sys.stderr, flush=True)
                 t0 = time.perf_counter()
                 loading.enter("tokenizer")

@@ -97,17 +97,16 @@ def main(argv=None) -> int:
     p.add_argument("--widths", default="1,2,4,8", help="block widths, comma-separated")
     p.add_argument("--context", type=int, default=300, help="cached tokens before each timed forward")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--activations", default=None, choices=("fp32", "int8"),
+    p.add_argument("--activations", default=None, choices=("fp32", "int8", "auto"),
                    help="the C kernels' arithmetic on GGUF blocks, as the verifier's --activations (default: "
-                        "TANDEM_ACTIVATIONS, else fp32)")
+                        "TANDEM_ACTIVATIONS, else auto, the verifier's default)")
     p.add_argument("--sessions", default="", help="also time n sessions x 1 row against 1 session x n rows, for "
                    "each n of this comma-separated list (the decoder only)")
     p.add_argument("--reference", action="store_true", help="also time transformers' forward of the same model "
                    "(fp32: a GGUF file dequantized whole, several times the file's memory)")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if args.activations:
-        os.environ["TANDEM_ACTIVATIONS"] = args.activations
+    os.environ["TANDEM_ACTIVATIONS"] = args.activations or os.environ.get("TANDEM_ACTIVATIONS") or "auto"
 
     from verifier_service import torch_thread
 
