@@ -46,8 +46,9 @@ def configure(p) -> None:
     flag(g, "verifier-threads", 1, int, help="torch threads of a started verifier, and of the in-process HF modes "
          "(0: torch's default, one per core; on a shared machine 2 threads on 2 busy cores ran 10-30x slower "
          "than 1)")
-    flag(g, "activations", "fp32", help="a started verifier's arithmetic on GGUF blocks: 'fp32' or 'int8' "
-         "(tandem up --activations)")
+    flag(g, "activations", "auto", help="a started verifier's arithmetic on GGUF blocks: 'auto' (the verifier's "
+         "default: int8 where most layers are 5-bit or K-quant blocks, else fp32), 'fp32' or 'int8' (tandem up "
+         "--activations)")
     flag(g, "separate-verifier", help="started services: the verifier as a service of its own, reached over gRPC "
          "(tandem up --separate-verifier); default: in the gateway's process, as tandem up runs it", cast=bool)
     flag(g, "drafter-threads", 1, int, help="ONNX Runtime threads of a started drafter")

@@ -334,7 +334,7 @@ def markdown_two_machine(results: dict) -> str:
     where = ("in each gateway's process (as `tandem up` runs it)" if results.get("verifier") == "local"
              else "one process, called over gRPC by every gateway")
     L.append(f"Run {results.get('started_at', '?')} – {results.get('finished_at', '?')}; CPU **{cpu}**. Verifier "
-             f"(1 thread, {results.get('activations') or 'fp32'} activations; {where}) and gateways on CPU "
+             f"(1 thread, {results.get('activations') or 'auto'} activations; {where}) and gateways on CPU "
              f"{results['verifier_cpus']}, drafter on CPU {results['drafter_cpus']}; "
              f"added round trip between gateway and drafter: {', '.join(f'{d:g}' for d in results['delays_ms'])} ms "
              f"({results['relay']}). Greedy; the modes interleaved prompt by prompt.")
