@@ -1,7 +1,9 @@
 #!/bin/bash
 # issue 27 sitting: Tandem plain vs llama.cpp on the same file and threads with the default --activations
 # (auto), beside the arithmetic auto did not choose; AVX-512 and the AVX2 path forced (llama.cpp's AVX2 build).
-# Usage: versus.sh OUT_DIR [steps...]; a step is file:isa[:activations], file one of gemma, 1p5b, 3b, default.
+# Usage: versus.sh OUT_DIR [steps...]; a step is file:isa[:activations], file one of gemma, 1p5b, 3b, default;
+# isa 'auto' leaves TANDEM_ISA unset (the kernels' own choice: avx512vnni here, the int8 x8 path picked by
+# timing), any other forces that path (and turns the pick off).
 cd /work/main; export HF_HUB_OFFLINE=1
 OUT=${1:?out dir}; shift
 mkdir -p $OUT
@@ -18,7 +20,8 @@ for step in "$@"; do
   extra=""; [ "$isa" = avx2 ] && extra="--llama-bin-dir $AVX2BIN"
   [ -n "$act" ] && extra="$extra --activations $act"
   name=$t-$isa${act:+-$act}
-  TANDEM_ISA=$isa .venv/bin/tandem bench --versus --target $T --drafter $D $sel --repeats 1 --verifier-threads 2 \
+  if [ "$isa" = auto ]; then unset TANDEM_ISA; else export TANDEM_ISA=$isa; fi
+  .venv/bin/tandem bench --versus --target $T --drafter $D $sel --repeats 1 --verifier-threads 2 \
     --llama-bench-runs 4 --questions /work/shared/data/spec_bench/question.jsonl $extra --out $OUT/$name \
     --no-progress > $OUT/$name.log 2>&1
   echo "$step done rc=$? $(date +%T)"
