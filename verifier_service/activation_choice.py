@@ -45,22 +45,18 @@ def choose(layer_bytes: Mapping[str, int]) -> tuple[str, str]:
                     if share else "auto: no 5-bit or K-quant layers")
 
 
-def layer_bytes(tensors) -> dict[str, int]:
-    """{block type: bytes} of a GGUF file's matrices (``gguf_file.GgufFile.tensors``), the embedding and the
-    head left out: the layers are where the two arithmetics differ in cost at every width."""
-    out: dict[str, int] = {}
-    for name, t in tensors.items():
-        if len(t.shape) == 2 and name not in NOT_LAYERS:
-            out[t.kind] = out.get(t.kind, 0) + t.nbytes
-    return out
+def layer_bytes(file) -> dict[str, int]:
+    """{block type: bytes} of a GGUF file's matrices (a ``gguf_file.GgufFile``), the embedding and the head left
+    out: the layers are where the two arithmetics differ in cost at every width."""
+    return file.matrix_bytes(skip=NOT_LAYERS)
 
 
-def settle(tensors, environ=os.environ) -> str:
-    """Settles 'auto' for the file of ``tensors`` before its weights load: sets ``TANDEM_ACTIVATIONS`` (the
-    process's arithmetic, read by every weight as ``--activations`` sets it) to the choice and returns its
-    reason; '' where the mode was pinned (fp32 or int8: nothing to settle)."""
-    if (environ.get(quant.ACTIVATIONS_ENV) or "").strip().lower() != quant.AUTO:
+def settle(file, environ=os.environ) -> str:
+    """Settles 'auto' for ``file`` (a ``gguf_file.GgufFile``) before its weights load: sets ``TANDEM_ACTIVATIONS``
+    (the process's arithmetic, read by every weight as ``--activations`` sets it) to the choice and returns its
+    reason; '' where the mode was pinned (fp32 or int8, or nothing asked: nothing to settle)."""
+    if quant.activation_mode(environ.get(quant.ACTIVATIONS_ENV, "")) != quant.AUTO:
         return ""
-    mode, why = choose(layer_bytes(tensors))
+    mode, why = choose(layer_bytes(file))
     environ[quant.ACTIVATIONS_ENV] = mode
     return why

@@ -157,8 +157,10 @@ class Decoder:
         if arithmetic:
             if "int8" in arithmetic:
                 self.gemm_note += f", int8 activations (llama.cpp's arithmetic; {activations_note or '--activations'})"
+            elif activations_note:
+                self.gemm_note += f", fp32 activations ({activations_note})"
             else:
-                self.gemm_note += f", fp32 activations ({activations_note})" if activations_note else ", fp32 activations"
+                self.gemm_note += ", fp32 activations"
         scaled = sorted({m.blocks.kind for m in self.linears.modules()
                          if hasattr(m, "blocks") and m.blocks.scaled is not None})
         if scaled:

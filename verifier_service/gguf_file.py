@@ -163,6 +163,14 @@ class GgufFile:
     def get(self, key: str, default=None):
         return self.metadata.get(key, default)
 
+    def matrix_bytes(self, skip=()) -> dict[str, int]:
+        """{block type: bytes} of the file's matrices (2-D tensors), those named in ``skip`` left out."""
+        out: dict[str, int] = {}
+        for name, t in self.tensors.items():
+            if len(t.shape) == 2 and name not in skip:
+                out[t.kind] = out.get(t.kind, 0) + t.nbytes
+        return out
+
     def raw(self, name: str) -> np.ndarray:
         """The tensor's data as a read-only view of the map: [rows, bytes a row] (uint8) for block types,
         [rows, columns] (float32 / float16 / bfloat16 as uint16) for float types; 1-D tensors stay 1-D."""

@@ -75,10 +75,7 @@ class GgufModel:
 
     def kinds(self) -> list[str]:
         """Block types of the 2-D tensors, most bytes first."""
-        by = {}
-        for t in self.file.tensors.values():
-            if len(t.shape) == 2:
-                by[t.kind] = by.get(t.kind, 0) + t.nbytes
+        by = self.file.matrix_bytes()
         return sorted(by, key=by.get, reverse=True)
 
     # ---- weights -----------------------------------------------------------------------------------

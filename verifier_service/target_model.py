@@ -182,7 +182,7 @@ class TargetModel:
             if not reason:
                 from verifier_service.activation_choice import settle
 
-                gguf.activations_note = settle(gguf.file.tensors)     # before any weight loads
+                gguf.activations_note = settle(gguf.file)     # before any weight loads
                 print(f"[tandem] loading {loc.name} from {gguf.path} (GGUF fast path) ...", file=sys.stderr, flush=True)
                 t0 = time.perf_counter()
                 loading.enter("tokenizer")

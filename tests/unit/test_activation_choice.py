@@ -37,7 +37,7 @@ def test_the_embedding_and_the_head_do_not_count(tmp_path):
     path = tiny(tmp_path, "q4k-head", {"default": "Q4_1", "token_embd": "Q6_K", "output": "Q6_K"})
     file = GgufFile(path)
     try:
-        assert set(layer_bytes(file.tensors)) == {"Q4_1"}
+        assert set(layer_bytes(file)) == {"Q4_1"}
     finally:
         file.close()
 
@@ -47,16 +47,16 @@ def test_settle_chooses_only_when_asked_for_auto(tmp_path):
     legacy = GgufFile(tiny(tmp_path, "legacy", {"default": "Q4_1"}))
     try:
         env = {"TANDEM_ACTIVATIONS": "auto"}
-        assert settle(kquant.tensors, env).startswith("auto: 100% of the layers' weights are")
+        assert settle(kquant, env).startswith("auto: 100% of the layers' weights are")
         assert env["TANDEM_ACTIVATIONS"] == "int8"
         env = {"TANDEM_ACTIVATIONS": "AUTO"}
-        assert settle(legacy.tensors, env) == "auto: no 5-bit or K-quant layers"
+        assert settle(legacy, env) == "auto: no 5-bit or K-quant layers"
         assert env["TANDEM_ACTIVATIONS"] == "fp32"
         for pinned in ("fp32", "int8"):                     # a pinned mode is the user's: kept as is
             env = {"TANDEM_ACTIVATIONS": pinned}
-            assert settle(kquant.tensors, env) == "" and env == {"TANDEM_ACTIVATIONS": pinned}
+            assert settle(kquant, env) == "" and env == {"TANDEM_ACTIVATIONS": pinned}
         env = {}                                            # a library caller that asked nothing: fp32, its default
-        assert settle(kquant.tensors, env) == "" and env == {}
+        assert settle(kquant, env) == "" and env == {}
     finally:
         kquant.close()
         legacy.close()
